@@ -1,0 +1,136 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.c
+ *	  Module entry point of the idempotency extension: defines the
+ *	  idempotency.* settings and, when the library is loaded through
+ *	  shared_preload_libraries, registers the background workers.
+ *
+ * Settings that only matter to the worker's start-up (which databases it
+ * serves) are PGC_POSTMASTER; everything else can be changed with a reload
+ * or, for the per-call defaults, per session.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/guc.h"
+
+#include "idempotency.h"
+#include "worker.h"
+
+PG_MODULE_MAGIC;
+
+int			idem_default_ttl_s = 24 * 60 * 60;
+int			idem_default_lease_ms = 30 * 1000;
+int			idem_claim_wait_ms = 0;
+int			idem_max_key_length = 255;
+char	   *idem_worker_databases = NULL;
+int			idem_naptime_ms = 10 * 1000;
+int			idem_cleanup_batch_size = 1000;
+int			idem_cleanup_max_batches = 100;
+int			idem_cleanup_grace_s = 10 * 60;
+
+void		_PG_init(void);
+
+static void define_settings(void);
+
+/*
+ * Module load callback.
+ */
+void
+_PG_init(void)
+{
+	define_settings();
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	idem_register_workers();
+}
+
+/*
+ * Define every idempotency.* setting.  Called on every load so that a
+ * session that has not preloaded the library still sees the per-call
+ * defaults and gets an error for a misspelled setting.
+ */
+static void
+define_settings(void)
+{
+	DefineCustomIntVariable("idempotency.default_ttl",
+							"How long a finished record is kept for replay.",
+							"Used when idem_claim is called without ttl.",
+							&idem_default_ttl_s,
+							24 * 60 * 60, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.default_lease",
+							"How long a claimed attempt owns its key before its lease expires.",
+							"Used when idem_claim or idem_heartbeat is called without lease.",
+							&idem_default_lease_ms,
+							30 * 1000, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.claim_wait",
+							"How long a claim waits for another attempt of the same key to finish.",
+							"Zero never blocks: the claim answers in_progress at once.",
+							&idem_claim_wait_ms,
+							0, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_key_length",
+							"Longest idempotency key accepted, in bytes.",
+							NULL,
+							&idem_max_key_length,
+							255, 1, 8192,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("idempotency.database",
+							   "Comma-separated list of databases the background worker serves.",
+							   "Takes effect at server start; use idem_launch_worker() for another database without a restart.",
+							   &idem_worker_databases,
+							   "postgres",
+							   PGC_POSTMASTER, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.naptime",
+							"Time the background worker sleeps between cycles.",
+							NULL,
+							&idem_naptime_ms,
+							10 * 1000, 10, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.cleanup_batch_size",
+							"Expired records deleted per cleanup transaction.",
+							NULL,
+							&idem_cleanup_batch_size,
+							1000, 1, 1000000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.cleanup_max_batches",
+							"Cleanup transactions per worker cycle.",
+							NULL,
+							&idem_cleanup_max_batches,
+							100, 1, INT_MAX,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.cleanup_grace",
+							"Time a record stays past its expiry before cleanup deletes it.",
+							NULL,
+							&idem_cleanup_grace_s,
+							10 * 60, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("idempotency");
+}

@@ -1,0 +1,129 @@
+# scripts/lib.sh: shared by scripts/test.sh and scripts/demo.sh.
+#
+# Installs what is missing from Debian's packages, builds and installs the
+# extension, and runs a throwaway PostgreSQL cluster as the postgres OS user
+# (PostgreSQL refuses to run as root).  Sourced, not executed.
+#
+# Environment:
+#   PG_CONFIG   pg_config of the PostgreSQL to build against
+#               (default: /usr/lib/postgresql/15/bin/pg_config)
+#   KEEP_TMP=1  keep the temporary folder (cluster, logs, results) afterwards
+
+IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+export PG_CONFIG
+
+IDEM_PACKAGES="make gcc libc6-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl"
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+# Run a command as root: directly when we are root, else through sudo.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Run a command as the postgres OS user, keeping the variables it needs.
+as_postgres() {
+    local envs=(PATH="$PATH" PG_CONFIG="$PG_CONFIG")
+    [ -n "${PGHOST:-}" ] && envs+=(PGHOST="$PGHOST")
+    [ -n "${PGPORT:-}" ] && envs+=(PGPORT="$PGPORT")
+    if [ "$(id -un)" = postgres ]; then
+        env "${envs[@]}" "$@"
+    elif [ "$(id -u)" -eq 0 ]; then
+        runuser -u postgres -- env "${envs[@]}" "$@"
+    else
+        sudo -u postgres env "${envs[@]}" "$@"
+    fi
+}
+
+# Install the Debian packages that are missing.
+install_packages() {
+    local missing=()
+    local p
+    for p in $IDEM_PACKAGES; do
+        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+            missing+=("$p")
+        fi
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+}
+
+# Build and install the extension into the PostgreSQL of $PG_CONFIG.
+# with_llvm=no: JIT bitcode is not needed and would require clang.
+build_and_install() {
+    log "building"
+    make -s -C "$IDEM_ROOT" PG_CONFIG="$PG_CONFIG" with_llvm=no >/dev/null
+    log "installing into $("$PG_CONFIG" --pkglibdir)"
+    as_root make -s -C "$IDEM_ROOT" PG_CONFIG="$PG_CONFIG" with_llvm=no install >/dev/null
+}
+
+# Make a temporary folder owned by postgres holding a copy of the source
+# tree (the test harnesses write their results next to their inputs).
+make_workdir() {
+    IDEM_TMP=$(mktemp -d "${TMPDIR:-/tmp}/idempotency.XXXXXX")
+    mkdir "$IDEM_TMP/src"
+    tar -C "$IDEM_ROOT" --exclude=.git --exclude=results --exclude=output_iso \
+        --exclude=tmp_check -cf - . | tar -C "$IDEM_TMP/src" -xf -
+    as_root chown -R postgres: "$IDEM_TMP"
+    chmod 755 "$IDEM_TMP"
+}
+
+# A TCP port nobody listens on.
+free_port() {
+    local port
+    for port in $(shuf -i 20000-40000 -n 50); do
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "$port"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Start a throwaway cluster with the library preloaded.  Extra
+# postgresql.conf lines come as arguments.  Sets PGHOST and PGPORT.
+start_cluster() {
+    local bindir conf line
+    bindir=$("$PG_CONFIG" --bindir)
+    PGPORT=$(free_port)
+    PGHOST=$IDEM_TMP
+    export PGHOST PGPORT
+    log "starting a throwaway cluster in $IDEM_TMP/data on port $PGPORT"
+    as_postgres "$bindir/initdb" -D "$IDEM_TMP/data" -A trust -U postgres \
+        --no-sync -E UTF8 --locale=C >"$IDEM_TMP/initdb.log" 2>&1 \
+        || { cat "$IDEM_TMP/initdb.log"; return 1; }
+    conf="$IDEM_TMP/data/postgresql.conf"
+    {
+        echo "port = $PGPORT"
+        echo "listen_addresses = '127.0.0.1'"
+        echo "unix_socket_directories = '$IDEM_TMP'"
+        echo "shared_preload_libraries = 'idempotency'"
+        echo "fsync = off"
+        for line in "$@"; do echo "$line"; done
+    } | as_postgres tee -a "$conf" >/dev/null
+    IDEM_CLUSTER_STARTED=1
+    as_postgres "$bindir/pg_ctl" -D "$IDEM_TMP/data" -l "$IDEM_TMP/server.log" -w start >/dev/null \
+        || { cat "$IDEM_TMP/server.log"; return 1; }
+}
+
+# Stop the cluster and remove the temporary folder.  Installed as an EXIT
+# trap, so it runs whatever happened before.
+cleanup() {
+    local status=$?
+    if [ -n "${IDEM_CLUSTER_STARTED:-}" ]; then
+        as_postgres "$("$PG_CONFIG" --bindir)/pg_ctl" -D "$IDEM_TMP/data" -m fast -w stop >/dev/null 2>&1 || true
+    fi
+    if [ -n "${IDEM_TMP:-}" ] && [ -d "$IDEM_TMP" ]; then
+        if [ "$status" -ne 0 ] || [ -n "${KEEP_TMP:-}" ]; then
+            log "kept $IDEM_TMP (server log: $IDEM_TMP/server.log)"
+        else
+            rm -rf "$IDEM_TMP"
+        fi
+    fi
+    exit "$status"
+}

@@ -1,0 +1,46 @@
+--
+-- The extension installs its objects and nothing else.
+--
+CREATE EXTENSION idempotency;
+
+-- Every object the extension owns, by kind.
+SELECT pg_describe_object(classid, objid, objsubid) AS object
+  FROM pg_depend
+ WHERE refclassid = 'pg_extension'::regclass
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+   AND deptype = 'e'
+ ORDER BY 1;
+
+-- Scope and key columns compare bytes ("C"), so that an expression such as
+-- current_user::text can use the unique index.
+SELECT attname, collname
+  FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+ WHERE attrelid = 'idem_records'::regclass AND attnum > 0
+ ORDER BY attnum;
+
+SELECT indexrelid::regclass AS index, indisunique AS is_unique,
+       pg_get_indexdef(indexrelid) AS definition
+  FROM pg_index WHERE indrelid = 'idem_records'::regclass
+ ORDER BY 1::text;
+
+EXPLAIN (COSTS OFF)
+SELECT * FROM idem_records
+ WHERE tenant = '' AND caller = current_user::text
+   AND operation = 'payments.create' AND key = 'k1';
+
+-- The record states, in order.
+SELECT enum_range(NULL::idem_state);
+SELECT enum_range(NULL::idem_lease_policy);
+
+-- Records are dumped with the application's data.
+SELECT extconfig::regclass[] FROM pg_extension WHERE extname = 'idempotency';
+
+-- Nobody but the owner reads the table.
+SELECT has_table_privilege('public', 'idem_records', 'SELECT') AS public_can_read;
+
+-- The settings and their defaults.
+SELECT name, setting, unit, context FROM pg_settings
+ WHERE name LIKE 'idempotency.%' ORDER BY name;
+
+-- An empty table gives empty statistics.
+SELECT * FROM idem_stats;

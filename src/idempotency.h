@@ -1,0 +1,27 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.h
+ *	  Declarations shared by the files of the idempotency extension: the
+ *	  settings defined in idempotency.c and the names of the extension's
+ *	  catalog objects.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEMPOTENCY_H
+#define IDEMPOTENCY_H
+
+#define IDEM_EXTENSION_NAME		"idempotency"
+#define IDEM_RECORDS_TABLE		"idem_records"
+
+/* Settings (idempotency.*), defined in idempotency.c */
+extern int	idem_default_ttl_s;
+extern int	idem_default_lease_ms;
+extern int	idem_claim_wait_ms;
+extern int	idem_max_key_length;
+extern char *idem_worker_databases;
+extern int	idem_naptime_ms;
+extern int	idem_cleanup_batch_size;
+extern int	idem_cleanup_max_batches;
+extern int	idem_cleanup_grace_s;
+
+#endif							/* IDEMPOTENCY_H */
