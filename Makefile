@@ -3,6 +3,7 @@
 MODULE_big = idempotency
 OBJS = \
 	idempotency.o \
+	src/canonical.o \
 	src/worker.o
 
 EXTENSION = idempotency
