@@ -80,3 +80,18 @@ SELECT operation,
  GROUP BY operation, state;
 
 REVOKE ALL ON idem_stats FROM PUBLIC;
+
+--
+-- Canonical JSON and the request fingerprint (src/canonical.c)
+--
+
+
+--
+-- Claims, completion and replay (src/claim.c, src/state_machine.c)
+--
+
+
+--
+-- Background worker and maintenance passes (src/worker.c)
+--
+
