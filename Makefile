@@ -6,9 +6,9 @@ DATA = idempotency--1.0.sql
 PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
-REGRESS = setup
+REGRESS = setup claim state_machine bad_input
 REGRESS_OPTS = --inputdir=$(srcdir)
-ISOLATION = plain_insert_blocks
+ISOLATION = plain_insert_blocks claim_concurrent claim_external
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency
 TAP_TESTS = 1
 
@@ -16,7 +16,9 @@ TAP_TESTS = 1
 OBJS += src/canonical.o
 
 # Claims, records and the state machine
-OBJS += src/state_machine.o
+OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
+	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
+	src/derive.o
 
 # Background worker and maintenance passes
 OBJS += src/worker.o

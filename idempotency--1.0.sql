@@ -90,6 +90,106 @@ REVOKE ALL ON idem_stats FROM PUBLIC;
 -- Claims, completion and replay (src/claim.c, src/state_machine.c)
 --
 
+-- Every INSERT and UPDATE of a record obeys the state machine, whoever runs it.
+CREATE FUNCTION idem_records_guard() RETURNS trigger
+    AS 'MODULE_PATHNAME', 'idem_records_guard'
+    LANGUAGE C;
+
+CREATE TRIGGER idem_records_guard
+    BEFORE INSERT OR UPDATE ON idem_records
+    FOR EACH ROW EXECUTE FUNCTION idem_records_guard();
+
+-- The answer of idem_claim and idem_replay.
+CREATE TYPE idem_decision AS (
+    outcome        text,        -- proceed | replay | in_progress | mismatch | unknown
+    token          text,        -- fencing token of the attempt; proceed only
+    record_id      bigint,
+    state          idem_state,
+    attempt        integer,
+    recovery_point text,        -- where a new attempt resumes
+    http_status    integer,     -- stored status on replay; 409, 422, 409 otherwise
+    headers        jsonb,       -- stored headers on replay
+    body           jsonb,       -- stored body on replay
+    error_code     text,
+    retry_after    integer,     -- seconds; in_progress only
+    resource_id    text         -- stored resource id on replay
+);
+
+CREATE FUNCTION idem_claim(
+    operation       text,
+    key             text,
+    request         jsonb DEFAULT NULL,
+    tenant          text DEFAULT '',
+    caller          text DEFAULT current_user,
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    wait            interval DEFAULT NULL,
+    on_lease_expiry text DEFAULT 'unknown')
+    RETURNS idem_decision
+    AS 'MODULE_PATHNAME', 'idem_claim'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text) IS
+    'Claim an idempotency key: proceed, replay, in_progress, mismatch or unknown';
+
+CREATE FUNCTION idem_complete(
+    token       text,
+    http_status integer,
+    body        jsonb DEFAULT NULL,
+    headers     jsonb DEFAULT NULL,
+    resource_id text DEFAULT NULL)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_complete'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idem_fail(
+    token       text,
+    http_status integer,
+    body        jsonb DEFAULT NULL,
+    headers     jsonb DEFAULT NULL,
+    retryable   boolean DEFAULT false)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_fail'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idem_heartbeat(
+    token text,
+    lease interval DEFAULT NULL)
+    RETURNS timestamptz
+    AS 'MODULE_PATHNAME', 'idem_heartbeat'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idem_checkpoint(
+    token          text,
+    recovery_point text)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_checkpoint'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idem_replay(
+    operation text,
+    key       text,
+    tenant    text DEFAULT '',
+    caller    text DEFAULT current_user)
+    RETURNS SETOF idem_decision
+    AS 'MODULE_PATHNAME', 'idem_replay'
+    LANGUAGE C STABLE PARALLEL RESTRICTED ROWS 1;
+
+CREATE FUNCTION idem_resolve(
+    record_id   bigint,
+    state       text,
+    http_status integer,
+    body        jsonb DEFAULT NULL,
+    headers     jsonb DEFAULT NULL)
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_resolve'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION idem_derive_key(key text, step text)
+    RETURNS text
+    AS 'MODULE_PATHNAME', 'idem_derive_key'
+    LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 
 --
 -- Background worker and maintenance passes (src/worker.c)

@@ -1,8 +1,380 @@
 /*-------------------------------------------------------------------------
  *
  * state_machine.c
- *	  The record states and their allowed transitions.
+ *	  The record states, the one table of allowed transitions, and the
+ *	  idem_records_guard trigger that enforces it on every INSERT and
+ *	  UPDATE of idem_records, including raw statements by the table owner.
+ *
+ * The claim and attempt code only ever asks for transitions this table
+ * allows; the trigger makes sure nothing else can happen to a record:
+ *
+ *	 from \ to	 processing				   succeeded  failed  retryable  unknown
+ *	 (insert)	 attempt 1					   -		  -		  -			 -
+ *	 processing  heartbeat, or takeover	   complete   fail	  fail/lease lease
+ *				 (attempt+1, lease ended)
+ *	 retryable	 new attempt (attempt+1),	   -		  -		  -			 -
+ *				 or reuse once expired
+ *	 unknown	 -							   resolve	  resolve resolve	 -
+ *	 succeeded,  reuse once expired			   -		  -		  -			 -
+ *	 failed		 (attempt 1)
+ *
+ * Scope, key, id and created_at never change; the fingerprint changes only
+ * when an expired record is reused for a new command.  An update that keeps
+ * a finished or unknown state (an operator extending expires_at, say) is not
+ * a transition and is allowed.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
+
+#include "access/htup_details.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/rel.h"
+#include "utils/timestamp.h"
+
+#include "catalog.h"
+#include "state_machine.h"
+
+PG_FUNCTION_INFO_V1(idem_records_guard);
+
+static const char *const state_names[IDEM_NUM_STATES] = {
+	"processing", "succeeded", "failed", "retryable", "unknown"
+};
+
+static const char *const policy_names[IDEM_NUM_POLICIES] = {
+	"unknown", "retry"
+};
+
+/* allowed[from][to]; the extra conditions are in idem_check_change */
+static const bool allowed[IDEM_NUM_STATES][IDEM_NUM_STATES] = {
+	/* to: processing succeeded failed retryable unknown */
+	[IDEM_PROCESSING] = {true, true, true, true, true},
+	[IDEM_SUCCEEDED] = {true, false, false, false, false},
+	[IDEM_FAILED] = {true, false, false, false, false},
+	[IDEM_RETRYABLE] = {true, false, false, false, false},
+	[IDEM_UNKNOWN] = {false, true, true, true, false},
+};
+
+/* Column numbers of idem_records the trigger reads, found once per table. */
+typedef struct GuardColumns
+{
+	Oid			relid;
+	AttrNumber	id;
+	AttrNumber	scope[4];		/* tenant, caller, operation, key */
+	AttrNumber	fingerprint;
+	AttrNumber	state;
+	AttrNumber	attempt;
+	AttrNumber	locked_until;
+	AttrNumber	created_at;
+	AttrNumber	expires_at;
+} GuardColumns;
+
+static GuardColumns columns;
+
+static void find_columns(Relation rel);
+static AttrNumber column_number(TupleDesc tupdesc, const char *name);
+static Datum get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum,
+						bool *isnull);
+static bool same_bytes(Datum a, Datum b);
+static bool same_scalar(HeapTuple a, HeapTuple b, TupleDesc tupdesc,
+						AttrNumber attnum);
+static void reject_change(const IdemChange *change, const char *detail,...)
+			pg_attribute_printf(2, 3) pg_attribute_noreturn();
+
+/*
+ * Label of a state, as in the idem_state enum.
+ */
+const char *
+idem_state_name(IdemState state)
+{
+	return state_names[state];
+}
+
+/*
+ * Label of a lease policy, as in the idem_lease_policy enum.
+ */
+const char *
+idem_policy_name(IdemLeasePolicy policy)
+{
+	return policy_names[policy];
+}
+
+/*
+ * Whether a record in this state holds a final answer that is replayed and
+ * that expires (retryable holds no answer but expires like one).
+ */
+bool
+idem_state_is_finished(IdemState state)
+{
+	return state == IDEM_SUCCEEDED || state == IDEM_FAILED ||
+		state == IDEM_RETRYABLE;
+}
+
+/*
+ * Whether the table allows moving from one state to another at all.
+ */
+bool
+idem_transition_allowed(IdemState from, IdemState to)
+{
+	return allowed[from][to];
+}
+
+/*
+ * Raise an error unless the change obeys the state machine.
+ */
+void
+idem_check_change(const IdemChange *change)
+{
+	IdemState	from = change->old_state;
+	IdemState	to = change->new_state;
+	bool		expired = change->old_expires_at <= change->now;
+
+	/* Keeping a finished or unknown state is not a transition. */
+	if (from == to && from != IDEM_PROCESSING)
+	{
+		if (change->new_attempt != change->old_attempt)
+			reject_change(change, "The attempt number changes only when a new attempt starts.");
+		if (change->fingerprint_changed)
+			reject_change(change, "The fingerprint changes only when an expired record is reused.");
+		return;
+	}
+
+	if (!idem_transition_allowed(from, to))
+		reject_change(change, "A record in state \"%s\" cannot move to state \"%s\".",
+					  idem_state_name(from), idem_state_name(to));
+
+	if (to == IDEM_PROCESSING && from != IDEM_PROCESSING && expired &&
+		idem_state_is_finished(from))
+	{
+		/* An expired record is reused for a new command... */
+		if (change->new_attempt == 1)
+			return;
+		/* ... or a retryable one that just expired gets its new attempt. */
+		if (from != IDEM_RETRYABLE || change->fingerprint_changed ||
+			change->new_attempt != change->old_attempt + 1)
+			reject_change(change, "A reused record starts again at attempt 1.");
+		return;
+	}
+
+	if (change->fingerprint_changed)
+		reject_change(change, "The fingerprint changes only when an expired record is reused.");
+
+	if (to == IDEM_PROCESSING && from == IDEM_PROCESSING)
+	{
+		if (change->new_attempt == change->old_attempt)
+			return;				/* heartbeat or checkpoint */
+		if (change->new_attempt != change->old_attempt + 1)
+			reject_change(change, "A takeover starts attempt %d.",
+						  change->old_attempt + 1);
+		if (change->old_locked_until > change->now)
+			reject_change(change, "The lease of attempt %d has not ended.",
+						  change->old_attempt);
+		return;
+	}
+
+	if (to == IDEM_PROCESSING)
+	{
+		if (from != IDEM_RETRYABLE)
+			reject_change(change, "A \"%s\" record can be claimed again only after it expires.",
+						  idem_state_name(from));
+		if (change->new_attempt != change->old_attempt + 1)
+			reject_change(change, "A new attempt is attempt %d.",
+						  change->old_attempt + 1);
+		return;
+	}
+
+	if (change->new_attempt != change->old_attempt)
+		reject_change(change, "The attempt number changes only when a new attempt starts.");
+}
+
+/*
+ * BEFORE INSERT OR UPDATE FOR EACH ROW trigger on idem_records.
+ */
+Datum
+idem_records_guard(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	const IdemCatalog *cat;
+	TupleDesc	tupdesc;
+	HeapTuple	newtuple;
+	bool		isnull;
+	bool		attempt_isnull;
+	Datum		state;
+	Datum		attempt;
+	IdemState	new_state;
+	int32		new_attempt;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		elog(ERROR, "idem_records_guard: must be fired before a row is written");
+
+	cat = idem_catalog();
+	tupdesc = RelationGetDescr(trigdata->tg_relation);
+	if (columns.relid != RelationGetRelid(trigdata->tg_relation))
+		find_columns(trigdata->tg_relation);
+
+	newtuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
+		trigdata->tg_newtuple : trigdata->tg_trigtuple;
+	state = get_column(newtuple, tupdesc, columns.state, &isnull);
+	attempt = get_column(newtuple, tupdesc, columns.attempt, &attempt_isnull);
+	if (isnull || attempt_isnull)
+		return PointerGetDatum(newtuple);	/* NOT NULL constraints report it */
+	new_state = idem_state_from_oid(cat, DatumGetObjectId(state));
+	new_attempt = DatumGetInt32(attempt);
+
+	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+	{
+		if (new_state != IDEM_PROCESSING || new_attempt != 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("invalid new idempotency record"),
+					 errdetail("A record is created in state \"processing\" at attempt 1, not in state \"%s\" at attempt %d.",
+							   idem_state_name(new_state), new_attempt),
+					 errhint("Create records with idem_claim().")));
+		return PointerGetDatum(newtuple);
+	}
+
+	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+	{
+		HeapTuple	oldtuple = trigdata->tg_trigtuple;
+		IdemChange	change;
+		bool		oldnull;
+		Datum		locked;
+		Datum		fingerprint;
+		int			i;
+
+		for (i = 0; i < 4; i++)
+		{
+			Datum		oldval = get_column(oldtuple, tupdesc, columns.scope[i], &oldnull);
+			Datum		newval = get_column(newtuple, tupdesc, columns.scope[i], &isnull);
+
+			if (isnull || oldnull || !same_bytes(oldval, newval))
+				ereport(ERROR,
+						(errcode(ERRCODE_CHECK_VIOLATION),
+						 errmsg("the scope and key of an idempotency record cannot change"),
+						 errdetail("Column \"%s\" was changed.",
+								   NameStr(TupleDescAttr(tupdesc, columns.scope[i] - 1)->attname))));
+		}
+		if (!same_scalar(oldtuple, newtuple, tupdesc, columns.id) ||
+			!same_scalar(oldtuple, newtuple, tupdesc, columns.created_at))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("the id and created_at of an idempotency record cannot change")));
+
+		change.old_state =
+			idem_state_from_oid(cat,
+								DatumGetObjectId(get_column(oldtuple, tupdesc,
+															columns.state, &isnull)));
+		change.new_state = new_state;
+		change.old_attempt = DatumGetInt32(get_column(oldtuple, tupdesc,
+													  columns.attempt, &isnull));
+		change.new_attempt = new_attempt;
+		fingerprint = get_column(newtuple, tupdesc, columns.fingerprint, &isnull);
+		if (isnull)
+			return PointerGetDatum(newtuple);	/* NOT NULL constraint reports it */
+		change.fingerprint_changed =
+			!same_bytes(get_column(oldtuple, tupdesc, columns.fingerprint, &oldnull),
+						fingerprint);
+		change.old_expires_at =
+			DatumGetTimestampTz(get_column(oldtuple, tupdesc, columns.expires_at,
+										   &isnull));
+		locked = get_column(oldtuple, tupdesc, columns.locked_until, &isnull);
+		change.old_locked_until = isnull ? DT_NOBEGIN : DatumGetTimestampTz(locked);
+		change.now = GetCurrentTimestamp();
+
+		idem_check_change(&change);
+	}
+
+	return PointerGetDatum(newtuple);
+}
+
+/*
+ * Report a change the state machine does not allow.
+ */
+static void
+reject_change(const IdemChange *change, const char *detail,...)
+{
+	char		buf[256];
+	va_list		args;
+
+	va_start(args, detail);
+	vsnprintf(buf, sizeof(buf), detail, args);
+	va_end(args);
+
+	ereport(ERROR,
+			(errcode(ERRCODE_CHECK_VIOLATION),
+			 errmsg("invalid idempotency record transition from \"%s\" to \"%s\"",
+					idem_state_name(change->old_state),
+					idem_state_name(change->new_state)),
+			 errdetail_internal("%s", buf),
+			 errhint("Change records through the idem_* functions.")));
+}
+
+/*
+ * Find the column numbers the trigger reads.
+ */
+static void
+find_columns(Relation rel)
+{
+	TupleDesc	tupdesc = RelationGetDescr(rel);
+
+	columns.id = column_number(tupdesc, "id");
+	columns.scope[0] = column_number(tupdesc, "tenant");
+	columns.scope[1] = column_number(tupdesc, "caller");
+	columns.scope[2] = column_number(tupdesc, "operation");
+	columns.scope[3] = column_number(tupdesc, "key");
+	columns.fingerprint = column_number(tupdesc, "fingerprint");
+	columns.state = column_number(tupdesc, "state");
+	columns.attempt = column_number(tupdesc, "attempt");
+	columns.locked_until = column_number(tupdesc, "locked_until");
+	columns.created_at = column_number(tupdesc, "created_at");
+	columns.expires_at = column_number(tupdesc, "expires_at");
+	columns.relid = RelationGetRelid(rel);
+}
+
+static AttrNumber
+column_number(TupleDesc tupdesc, const char *name)
+{
+	int			attnum = SPI_fnumber(tupdesc, name);
+
+	if (attnum <= 0)
+		elog(ERROR, "column \"%s\" of idem_records not found", name);
+	return (AttrNumber) attnum;
+}
+
+static Datum
+get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum, bool *isnull)
+{
+	return heap_getattr(tuple, attnum, tupdesc, isnull);
+}
+
+/*
+ * Whether two varlena datums hold the same bytes.
+ */
+static bool
+same_bytes(Datum a, Datum b)
+{
+	bytea	   *x = DatumGetByteaPP(a);
+	bytea	   *y = DatumGetByteaPP(b);
+
+	return VARSIZE_ANY_EXHDR(x) == VARSIZE_ANY_EXHDR(y) &&
+		memcmp(VARDATA_ANY(x), VARDATA_ANY(y), VARSIZE_ANY_EXHDR(x)) == 0;
+}
+
+/*
+ * Whether a by-value column holds the same value (NULL only equals NULL).
+ */
+static bool
+same_scalar(HeapTuple a, HeapTuple b, TupleDesc tupdesc, AttrNumber attnum)
+{
+	bool		anull;
+	bool		bnull;
+	Datum		x = get_column(a, tupdesc, attnum, &anull);
+	Datum		y = get_column(b, tupdesc, attnum, &bnull);
+
+	return anull == bnull && (anull || x == y);
+}

@@ -1,0 +1,256 @@
+/*-------------------------------------------------------------------------
+ *
+ * attempt.c
+ *	  What the holder of an attempt token does with it (idem_complete,
+ *	  idem_fail, idem_heartbeat, idem_checkpoint) and how an operator
+ *	  settles a record whose outcome is unknown (idem_resolve).
+ *
+ * A token write succeeds only while the record is processing the very
+ * attempt the token names (records.c puts that in the WHERE clause).  When
+ * it does not, the attempt lost its lease to a takeover, already finished or
+ * was marked unknown; the write raises 55000 and changes nothing, so a
+ * worker that lost its lease never overwrites the outcome of the attempt
+ * that replaced it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+#include "records.h"
+#include "token.h"
+#include "validate.h"
+
+PG_FUNCTION_INFO_V1(idem_complete);
+PG_FUNCTION_INFO_V1(idem_fail);
+PG_FUNCTION_INFO_V1(idem_heartbeat);
+PG_FUNCTION_INFO_V1(idem_checkpoint);
+PG_FUNCTION_INFO_V1(idem_resolve);
+
+static void read_token(FunctionCallInfo fcinfo, IdemToken *token);
+static void read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
+						  int headers_arg, IdemResponse *response);
+static void finish_attempt(const IdemToken *token, const IdemResponse *response);
+static void raise_stale_token(const IdemToken *token) pg_attribute_noreturn();
+
+/*
+ * idem_complete(token, http_status, body, headers, resource_id): the
+ * attempt succeeded; its response is stored for replay.
+ */
+Datum
+idem_complete(PG_FUNCTION_ARGS)
+{
+	IdemToken	token;
+	IdemResponse response;
+
+	read_token(fcinfo, &token);
+	read_response(fcinfo, 1, 2, 3, &response);
+	response.state = IDEM_SUCCEEDED;
+	response.resource_id = PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4);
+	finish_attempt(&token, &response);
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_fail(token, http_status, body, headers, retryable): the attempt
+ * failed.  A stable failure (validation error, business conflict) is
+ * replayed like a success; a retryable one (nothing happened yet) frees the
+ * key for a new attempt with the same request.
+ */
+Datum
+idem_fail(PG_FUNCTION_ARGS)
+{
+	IdemToken	token;
+	IdemResponse response;
+
+	read_token(fcinfo, &token);
+	read_response(fcinfo, 1, 2, 3, &response);
+	idem_require_arg(fcinfo, 4, "retryable");
+	response.state = PG_GETARG_BOOL(4) ? IDEM_RETRYABLE : IDEM_FAILED;
+	response.resource_id = NULL;
+	finish_attempt(&token, &response);
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_heartbeat(token, lease): the attempt is still running; its lease now
+ * ends lease from now.  Returns the new end of the lease.
+ */
+Datum
+idem_heartbeat(PG_FUNCTION_ARGS)
+{
+	IdemToken	token;
+	TimestampTz now = GetCurrentTimestamp();
+	int64		lease_usecs;
+	TimestampTz locked_until;
+	bool		ok;
+
+	read_token(fcinfo, &token);
+	lease_usecs = PG_ARGISNULL(1) ? (int64) idem_default_lease_ms * 1000 :
+		idem_interval_usecs(PG_GETARG_INTERVAL_P(1), "lease", false);
+	locked_until = idem_timestamp_plus(now, lease_usecs, "lease");
+
+	SPI_connect();
+	ok = idem_record_extend_lease(&token, locked_until, now);
+	if (!ok)
+		raise_stale_token(&token);
+	SPI_finish();
+	PG_RETURN_TIMESTAMPTZ(locked_until);
+}
+
+/*
+ * idem_checkpoint(token, recovery_point): how far the attempt got, so that
+ * an attempt taking over after a crash resumes from there.
+ */
+Datum
+idem_checkpoint(PG_FUNCTION_ARGS)
+{
+	IdemToken	token;
+	bool		ok;
+
+	read_token(fcinfo, &token);
+	idem_require_arg(fcinfo, 1, "recovery_point");
+
+	SPI_connect();
+	ok = idem_record_set_recovery_point(&token, PG_GETARG_TEXT_PP(1),
+										GetCurrentTimestamp());
+	if (!ok)
+		raise_stale_token(&token);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_resolve(record_id, state, http_status, body, headers): an operator
+ * who found out what happened settles an unknown record as succeeded,
+ * failed or retryable.
+ */
+Datum
+idem_resolve(PG_FUNCTION_ARGS)
+{
+	int64		id;
+	char	   *state;
+	IdemResponse response;
+	IdemRecord	rec;
+	bool		ok;
+
+	idem_require_arg(fcinfo, 0, "record_id");
+	idem_require_arg(fcinfo, 1, "state");
+	id = PG_GETARG_INT64(0);
+	state = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	read_response(fcinfo, 2, 3, 4, &response);
+	response.resource_id = NULL;
+	if (strcmp(state, "succeeded") == 0)
+		response.state = IDEM_SUCCEEDED;
+	else if (strcmp(state, "failed") == 0)
+		response.state = IDEM_FAILED;
+	else if (strcmp(state, "retryable") == 0)
+		response.state = IDEM_RETRYABLE;
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid state \"%s\" for idem_resolve", state),
+				 errhint("An unknown record is resolved as \"succeeded\", \"failed\" or \"retryable\".")));
+
+	SPI_connect();
+	ok = idem_record_resolve(id, &response, GetCurrentTimestamp());
+	if (!ok)
+	{
+		if (!idem_record_fetch_by_id(id, &rec))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("idempotency record " INT64_FORMAT " does not exist", id)));
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency record " INT64_FORMAT " is not unknown", id),
+				 errdetail("Its state is \"%s\"; only unknown records are resolved.",
+						   idem_state_name(rec.state))));
+	}
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * Parse the token of argument 0.
+ */
+static void
+read_token(FunctionCallInfo fcinfo, IdemToken *token)
+{
+	idem_require_arg(fcinfo, 0, "token");
+	idem_token_parse(PG_GETARG_TEXT_PP(0), token);
+}
+
+/*
+ * Read and check a response: status required, body any JSON, headers an
+ * object of strings.
+ */
+static void
+read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
+			  int headers_arg, IdemResponse *response)
+{
+	idem_require_arg(fcinfo, status_arg, "http_status");
+	response->http_status = PG_GETARG_INT32(status_arg);
+	idem_check_http_status(response->http_status);
+	response->body = PG_ARGISNULL(body_arg) ? NULL : PG_GETARG_JSONB_P(body_arg);
+	response->headers = PG_ARGISNULL(headers_arg) ? NULL :
+		PG_GETARG_JSONB_P(headers_arg);
+	if (response->headers)
+		idem_check_headers(response->headers);
+}
+
+/*
+ * Store the outcome of the attempt the token names, or raise.
+ */
+static void
+finish_attempt(const IdemToken *token, const IdemResponse *response)
+{
+	bool		ok;
+
+	SPI_connect();
+	ok = idem_record_finish(token, response, GetCurrentTimestamp());
+	if (!ok)
+		raise_stale_token(token);
+	SPI_finish();
+}
+
+/*
+ * Explain why a token no longer names the record's running attempt.
+ */
+static void
+raise_stale_token(const IdemToken *token)
+{
+	IdemRecord	rec;
+	char	   *detail;
+	const char *hint = NULL;
+
+	if (!idem_record_fetch_by_id(token->record_id, &rec))
+		detail = psprintf("Record " INT64_FORMAT " no longer exists.",
+						  token->record_id);
+	else if (rec.attempt != token->attempt)
+		detail = psprintf("Attempt %d of record " INT64_FORMAT " was replaced by attempt %d.",
+						  token->attempt, token->record_id, rec.attempt);
+	else if (rec.state == IDEM_PROCESSING)
+		detail = psprintf("The token does not match attempt %d of record " INT64_FORMAT ".",
+						  token->attempt, token->record_id);
+	else if (rec.state == IDEM_UNKNOWN)
+	{
+		detail = psprintf("The lease of attempt %d of record " INT64_FORMAT " ended and its outcome was marked unknown.",
+						  token->attempt, token->record_id);
+		hint = "Once the outcome is known, settle it with idem_resolve().";
+	}
+	else
+		detail = psprintf("Attempt %d of record " INT64_FORMAT " already ended as \"%s\".",
+						  token->attempt, token->record_id,
+						  idem_state_name(rec.state));
+
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("attempt token is no longer valid"),
+			 errdetail_internal("%s", detail),
+			 hint ? errhint("%s", hint) : 0));
+}

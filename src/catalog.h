@@ -1,0 +1,31 @@
+/*-------------------------------------------------------------------------
+ *
+ * catalog.h
+ *	  Where the extension's objects are: schema, records table and the OIDs
+ *	  of the enum labels, looked up once per backend and again after the
+ *	  table is invalidated (DROP/CREATE EXTENSION).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_CATALOG_H
+#define IDEM_CATALOG_H
+
+#include "state_machine.h"
+
+typedef struct IdemCatalog
+{
+	Oid			schema_oid;
+	const char *qualified_table;	/* quoted schema.idem_records */
+	Oid			table_oid;
+	Oid			state_type;
+	Oid			policy_type;
+	Oid			state_oids[IDEM_NUM_STATES];
+	Oid			policy_oids[IDEM_NUM_POLICIES];
+	uint64		generation;		/* changes when table_oid changes */
+} IdemCatalog;
+
+extern const IdemCatalog *idem_catalog(void);
+extern IdemState idem_state_from_oid(const IdemCatalog *cat, Oid value);
+extern IdemLeasePolicy idem_policy_from_oid(const IdemCatalog *cat, Oid value);
+
+#endif							/* IDEM_CATALOG_H */

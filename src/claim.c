@@ -1,0 +1,539 @@
+/*-------------------------------------------------------------------------
+ *
+ * claim.c
+ *	  idem_claim and idem_replay: what a request with an idempotency key
+ *	  gets, and the writes that answer needs.
+ *
+ * A claim reads the record of its scope and key, asks decision.c what to
+ * answer, and makes the write that answer needs, if any.  Answers that need
+ * no write (replay, mismatch, in_progress, unknown) are read-only: no row
+ * lock, no WAL, no key lock.
+ *
+ * Before writing, a claim takes the key lock (key_lock.c) without waiting.
+ * If another transaction holds it, that transaction is writing the same key
+ * and has not committed, and the claim answers in_progress at once (or, with
+ * wait > 0, waits for the lock up to its deadline and then reads again).
+ * Writes are conditional on the version that was read and skip rows locked
+ * by others, so a write that finds the record changed writes nothing and the
+ * claim reads again.  The loop ends in a bounded number of rounds: with the
+ * key lock held, only attempts completing or the worker can change the
+ * record, and each of those changes moves it towards a final answer.
+ *
+ * A claim that waits for an attempt that committed its claim and is still
+ * running (the external side effect pattern) has no lock to wait on; it
+ * sleeps on its latch in short, growing steps until the record changes, the
+ * lease ends or its deadline passes.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/latch.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "catalog.h"
+#include "decision.h"
+#include "idempotency.h"
+#include "key_lock.h"
+#include "token.h"
+#include "validate.h"
+
+PG_FUNCTION_INFO_V1(idem_claim);
+PG_FUNCTION_INFO_V1(idem_replay);
+
+/* Rounds of read-decide-write after which a claim answers in_progress. */
+#define MAX_WRITE_ROUNDS 5
+
+/* Sleep steps of a claim waiting for a committed attempt, in ms. */
+#define WAIT_STEP_MIN_MS 5
+#define WAIT_STEP_MAX_MS 100
+
+#define DECISION_COLUMNS 12
+
+/* What a claim or a lookup answers: one idem_decision row. */
+typedef struct IdemAnswer
+{
+	IdemOutcome outcome;
+	bool		has_record;
+	IdemRecord	rec;
+	text	   *token;			/* proceed only */
+	bool		has_http_status;
+	int32		http_status;
+	bool		with_response;	/* replay: stored headers, body, resource */
+	const char *error_code;
+	bool		has_retry_after;
+	int32		retry_after;
+} IdemAnswer;
+
+/* What a claim was asked. */
+typedef struct ClaimRequest
+{
+	IdemScope	scope;
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+	Interval   *ttl;
+	int64		ttl_usecs;
+	int64		lease_usecs;
+	int64		wait_usecs;
+	IdemLeasePolicy on_lease_expiry;
+} ClaimRequest;
+
+static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
+static void answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
+							   const IdemRecord *rec, TimestampTz now);
+static void answer_busy(IdemAnswer *answer);
+static void answer_proceed(IdemAnswer *answer, IdemRecord *rec,
+						   const IdemAttemptStart *start, int32 attempt);
+static void sleep_until(TimestampTz until, int *step_ms);
+static void read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
+					   int tenant_arg, int caller_arg, IdemScope *scope);
+static Interval *seconds_interval(int seconds);
+static HeapTuple answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer);
+static int64 interval_arg(FunctionCallInfo fcinfo, int argno, const char *name,
+						  int64 setting_usecs, bool allow_zero);
+static void empty_request_fingerprint(uint8 *digest);
+static Datum answer_datum(FunctionCallInfo fcinfo, const IdemAnswer *answer);
+static void answer_store(FunctionCallInfo fcinfo, const IdemAnswer *answer);
+
+/*
+ * idem_claim(operation, key, request, tenant, caller, ttl, lease, wait,
+ *			  on_lease_expiry) returns idem_decision
+ */
+Datum
+idem_claim(PG_FUNCTION_ARGS)
+{
+	ClaimRequest req;
+	IdemAnswer	answer;
+
+	read_scope(fcinfo, 0, 1, 3, 4, &req.scope);
+	if (PG_ARGISNULL(2))
+		empty_request_fingerprint(req.fingerprint);
+	else
+		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
+	req.ttl_usecs = interval_arg(fcinfo, 5, "ttl",
+								 (int64) idem_default_ttl_s * USECS_PER_SEC, false);
+	req.lease_usecs = interval_arg(fcinfo, 6, "lease",
+								   (int64) idem_default_lease_ms * 1000, false);
+	req.wait_usecs = interval_arg(fcinfo, 7, "wait",
+								  (int64) idem_claim_wait_ms * 1000, true);
+	req.ttl = PG_ARGISNULL(5) ? seconds_interval(idem_default_ttl_s) :
+		PG_GETARG_INTERVAL_P(5);
+	idem_require_arg(fcinfo, 8, "on_lease_expiry");
+	req.on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(8));
+
+	claim_key(&req, &answer);
+	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
+}
+
+/*
+ * idem_replay(operation, key, tenant, caller) returns setof idem_decision:
+ * what a claim would answer, without a request and without writing.  No row
+ * when there is no record or it expired.
+ */
+Datum
+idem_replay(PG_FUNCTION_ARGS)
+{
+	IdemScope	scope;
+	IdemRecord	rec;
+	IdemAnswer	answer;
+	IdemDecision d;
+	TimestampTz now = GetCurrentTimestamp();
+	bool		found;
+
+	read_scope(fcinfo, 0, 1, 2, 3, &scope);
+	InitMaterializedSRF(fcinfo, 0);
+
+	SPI_connect();
+	found = idem_record_fetch(&scope, &rec);
+	SPI_finish();
+	if (!found)
+		return (Datum) 0;
+
+	d = idem_decide(&rec, NULL, now);
+	if (d.action == IDEM_ACTION_INSERT || d.action == IDEM_ACTION_REUSE)
+		return (Datum) 0;
+	answer_from_record(&answer, d.outcome, &rec, now);
+	answer_store(fcinfo, &answer);
+	return (Datum) 0;
+}
+
+/*
+ * Claim a scope and key: read, decide, write what the decision needs, and
+ * fill in the answer.
+ */
+static void
+claim_key(const ClaimRequest *req, IdemAnswer *answer)
+{
+	LOCKTAG		lock;
+	bool		have_lock = false;
+	bool		wrote = false;
+	int			rounds = 0;
+	int			step_ms = WAIT_STEP_MIN_MS;
+	TimestampTz start_time = GetCurrentTimestamp();
+	TimestampTz deadline = idem_timestamp_plus(start_time, req->wait_usecs, "wait");
+
+	idem_key_lock_tag(&lock, &req->scope);
+	SPI_connect();
+
+	for (;;)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		IdemRecord	rec;
+		bool		found;
+		IdemDecision d;
+		IdemAttemptStart start;
+
+		CHECK_FOR_INTERRUPTS();
+		found = idem_record_fetch(&req->scope, &rec);
+		d = idem_decide(found ? &rec : NULL, req->fingerprint, now);
+
+		if (d.action == IDEM_ACTION_NONE)
+		{
+			if (d.outcome == IDEM_OUTCOME_IN_PROGRESS && now < deadline)
+			{
+				sleep_until(Min(deadline, rec.locked_until), &step_ms);
+				continue;
+			}
+			answer_from_record(answer, d.outcome, &rec, now);
+			break;
+		}
+
+		/* The decision needs a write: own the key first. */
+		if (!have_lock)
+		{
+			if (idem_key_lock_try(&lock))
+				have_lock = true;
+			else if (now < deadline &&
+					 idem_key_lock_wait(&lock,
+										(int) Min(Max(1, (deadline - now) / 1000),
+												  PG_INT32_MAX)))
+			{
+				/* the other writer ended: read what it left */
+				continue;
+			}
+			else
+			{
+				answer_busy(answer);
+				break;
+			}
+		}
+
+		if (++rounds > MAX_WRITE_ROUNDS)
+		{
+			/* the row keeps being written by others: let the client retry */
+			answer_busy(answer);
+			break;
+		}
+
+		memcpy(start.fingerprint, req->fingerprint, IDEM_FINGERPRINT_LEN);
+		idem_token_new_secret(start.secret);
+		start.now = now;
+		start.locked_until = idem_timestamp_plus(now, req->lease_usecs, "lease");
+		start.expires_at = idem_timestamp_plus(now, req->ttl_usecs, "ttl");
+		start.ttl = req->ttl;
+		start.on_lease_expiry = req->on_lease_expiry;
+
+		switch (d.action)
+		{
+			case IDEM_ACTION_INSERT:
+				memset(&rec, 0, sizeof(rec));
+				wrote = idem_record_insert(&req->scope, &start, &rec.id);
+				if (wrote)
+					answer_proceed(answer, &rec, &start, 1);
+				break;
+			case IDEM_ACTION_REUSE:
+			case IDEM_ACTION_TAKEOVER:
+			case IDEM_ACTION_NEW_ATTEMPT:
+				{
+					bool		reuse = d.action == IDEM_ACTION_REUSE;
+					int32		attempt = reuse ? 1 : rec.attempt + 1;
+
+					wrote = idem_record_restart(&rec, reuse, &start);
+					if (wrote)
+						answer_proceed(answer, &rec, &start, attempt);
+				}
+				break;
+			case IDEM_ACTION_MARK_UNKNOWN:
+				wrote = idem_record_mark_unknown(&rec, now);
+				if (wrote)
+				{
+					rec.state = IDEM_UNKNOWN;
+					answer_from_record(answer, IDEM_OUTCOME_UNKNOWN, &rec, now);
+				}
+				break;
+			case IDEM_ACTION_NONE:
+				pg_unreachable();
+		}
+		if (wrote)
+			break;
+	}
+
+	SPI_finish();
+
+	/* A claim that ended up writing nothing keeps nobody else waiting. */
+	if (have_lock && !wrote)
+		idem_key_lock_release(&lock);
+}
+
+/*
+ * Fill in an answer that comes from a record as it is.
+ */
+static void
+answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
+				   const IdemRecord *rec, TimestampTz now)
+{
+	memset(answer, 0, sizeof(*answer));
+	answer->outcome = outcome;
+	answer->has_record = true;
+	answer->rec = *rec;
+
+	switch (outcome)
+	{
+		case IDEM_OUTCOME_REPLAY:
+			answer->has_http_status = rec->has_response_status;
+			answer->http_status = rec->response_status;
+			answer->with_response = true;
+			break;
+		case IDEM_OUTCOME_IN_PROGRESS:
+			answer->has_http_status = true;
+			answer->http_status = 409;
+			answer->error_code = "IDEMPOTENCY_REQUEST_IN_PROGRESS";
+			answer->has_retry_after = true;
+			answer->retry_after = 1;
+			if (rec->has_lease && rec->locked_until > now)
+				answer->retry_after =
+					(int32) Min((rec->locked_until - now + USECS_PER_SEC - 1) / USECS_PER_SEC,
+								PG_INT32_MAX);
+			break;
+		case IDEM_OUTCOME_MISMATCH:
+			answer->has_http_status = true;
+			answer->http_status = 422;
+			answer->error_code = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST";
+			break;
+		case IDEM_OUTCOME_UNKNOWN:
+			answer->has_http_status = true;
+			answer->http_status = 409;
+			answer->error_code = "IDEMPOTENCY_OUTCOME_UNKNOWN";
+			break;
+		case IDEM_OUTCOME_PROCEED:
+			/* a lookup (idem_replay) of a key a claim would proceed with */
+			break;
+	}
+}
+
+/*
+ * Fill in in_progress for a key another transaction is writing right now:
+ * its record is not visible yet.
+ */
+static void
+answer_busy(IdemAnswer *answer)
+{
+	memset(answer, 0, sizeof(*answer));
+	answer->outcome = IDEM_OUTCOME_IN_PROGRESS;
+	answer->has_http_status = true;
+	answer->http_status = 409;
+	answer->error_code = "IDEMPOTENCY_REQUEST_IN_PROGRESS";
+	answer->has_retry_after = true;
+	answer->retry_after = 1;
+}
+
+/*
+ * Fill in proceed for the attempt just written.
+ */
+static void
+answer_proceed(IdemAnswer *answer, IdemRecord *rec,
+			   const IdemAttemptStart *start, int32 attempt)
+{
+	IdemToken	token;
+
+	memset(answer, 0, sizeof(*answer));
+	answer->outcome = IDEM_OUTCOME_PROCEED;
+	answer->has_record = true;
+	answer->rec.id = rec->id;
+	answer->rec.state = IDEM_PROCESSING;
+	answer->rec.attempt = attempt;
+	answer->rec.recovery_point = rec->recovery_point;
+
+	token.record_id = rec->id;
+	token.attempt = attempt;
+	memcpy(token.secret, start->secret, IDEM_TOKEN_SECRET_LEN);
+	answer->token = idem_token_format(&token);
+}
+
+/*
+ * Sleep on the latch for the next step, but not past until.
+ */
+static void
+sleep_until(TimestampTz until, int *step_ms)
+{
+	long		remaining_ms = (until - GetCurrentTimestamp()) / 1000;
+	long		ms = Max(1, Min(*step_ms, remaining_ms));
+
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 ms, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+	*step_ms = Min(*step_ms * 2, WAIT_STEP_MAX_MS);
+}
+
+/*
+ * Read and check the scope and key from the given arguments.
+ */
+static void
+read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
+		   int tenant_arg, int caller_arg, IdemScope *scope)
+{
+	idem_require_arg(fcinfo, operation_arg, "operation");
+	idem_require_arg(fcinfo, key_arg, "key");
+	idem_require_arg(fcinfo, tenant_arg, "tenant");
+	idem_require_arg(fcinfo, caller_arg, "caller");
+	scope->operation = PG_GETARG_TEXT_PP(operation_arg);
+	scope->key = PG_GETARG_TEXT_PP(key_arg);
+	scope->tenant = PG_GETARG_TEXT_PP(tenant_arg);
+	scope->caller = PG_GETARG_TEXT_PP(caller_arg);
+	idem_check_name(scope->operation, "operation", false);
+	idem_check_key(scope->key);
+	idem_check_name(scope->tenant, "tenant", true);
+	idem_check_name(scope->caller, "caller", false);
+}
+
+/*
+ * An interval of whole seconds.
+ */
+static Interval *
+seconds_interval(int seconds)
+{
+	Interval   *result = palloc0(sizeof(Interval));
+
+	result->time = (int64) seconds * USECS_PER_SEC;
+	return result;
+}
+
+/*
+ * An interval argument in microseconds; NULL means the setting.
+ */
+static int64
+interval_arg(FunctionCallInfo fcinfo, int argno, const char *name,
+			 int64 setting_usecs, bool allow_zero)
+{
+	if (PG_ARGISNULL(argno))
+		return setting_usecs;
+	return idem_interval_usecs(PG_GETARG_INTERVAL_P(argno), name, allow_zero);
+}
+
+/*
+ * Fingerprint of a claim without a request: SHA-256 of the empty string,
+ * which no JSON value's canonical form equals.
+ */
+static void
+empty_request_fingerprint(uint8 *digest)
+{
+	static const uint8 empty_sha256[IDEM_FINGERPRINT_LEN] = {
+		0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14,
+		0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
+		0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c,
+		0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55
+	};
+
+	memcpy(digest, empty_sha256, IDEM_FINGERPRINT_LEN);
+}
+
+/*
+ * The answer as an idem_decision row.
+ */
+static HeapTuple
+answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
+{
+	const IdemCatalog *cat = idem_catalog();
+	Datum		values[DECISION_COLUMNS];
+	bool		nulls[DECISION_COLUMNS];
+	const IdemRecord *rec = &answer->rec;
+
+	memset(nulls, true, sizeof(nulls));
+	values[0] = CStringGetTextDatum(idem_outcome_name(answer->outcome));
+	nulls[0] = false;
+	if (answer->token)
+	{
+		values[1] = PointerGetDatum(answer->token);
+		nulls[1] = false;
+	}
+	if (answer->has_record)
+	{
+		values[2] = Int64GetDatum(rec->id);
+		values[3] = ObjectIdGetDatum(cat->state_oids[rec->state]);
+		values[4] = Int32GetDatum(rec->attempt);
+		nulls[2] = nulls[3] = nulls[4] = false;
+		if (rec->recovery_point)
+		{
+			values[5] = PointerGetDatum(rec->recovery_point);
+			nulls[5] = false;
+		}
+	}
+	if (answer->has_http_status)
+	{
+		values[6] = Int32GetDatum(answer->http_status);
+		nulls[6] = false;
+	}
+	if (answer->with_response)
+	{
+		if (rec->response_headers)
+		{
+			values[7] = JsonbPGetDatum(rec->response_headers);
+			nulls[7] = false;
+		}
+		if (rec->response_body)
+		{
+			values[8] = JsonbPGetDatum(rec->response_body);
+			nulls[8] = false;
+		}
+		if (rec->resource_id)
+		{
+			values[11] = PointerGetDatum(rec->resource_id);
+			nulls[11] = false;
+		}
+	}
+	if (answer->error_code)
+	{
+		values[9] = CStringGetTextDatum(answer->error_code);
+		nulls[9] = false;
+	}
+	if (answer->has_retry_after)
+	{
+		values[10] = Int32GetDatum(answer->retry_after);
+		nulls[10] = false;
+	}
+	return heap_form_tuple(tupdesc, values, nulls);
+}
+
+/*
+ * The answer as the composite result of a function returning idem_decision.
+ */
+static Datum
+answer_datum(FunctionCallInfo fcinfo, const IdemAnswer *answer)
+{
+	TupleDesc	tupdesc;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	if (tupdesc->natts != DECISION_COLUMNS)
+		elog(ERROR, "idem_decision has %d columns, expected %d",
+			 tupdesc->natts, DECISION_COLUMNS);
+	tupdesc = BlessTupleDesc(tupdesc);
+	return HeapTupleGetDatum(answer_tuple(tupdesc, answer));
+}
+
+/*
+ * Add the answer as a row of a set-returning function's result.
+ */
+static void
+answer_store(FunctionCallInfo fcinfo, const IdemAnswer *answer)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	tuplestore_puttuple(rsinfo->setResult,
+						answer_tuple(rsinfo->setDesc, answer));
+}

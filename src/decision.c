@@ -1,0 +1,92 @@
+/*-------------------------------------------------------------------------
+ *
+ * decision.c
+ *	  The decision logic of a claim: given the record found for a scope and
+ *	  key (or none), the fingerprint of the request and the time, what the
+ *	  claim answers and which write, if any, it must make first.
+ *
+ * This is the only place that decides; claim.c carries the decision out
+ * and state_machine.c guards the writes.  In order:
+ *
+ *	1. no record								 -> proceed (insert attempt 1)
+ *	2. finished record past expires_at			 -> proceed (reuse: attempt 1)
+ *	3. fingerprint differs						 -> mismatch
+ *	4. succeeded or failed						 -> replay
+ *	5. retryable								 -> proceed (attempt n+1)
+ *	6. unknown									 -> unknown
+ *	7. processing, lease running				 -> in_progress
+ *	8. processing, lease ended, policy retry	 -> proceed (takeover: n+1)
+ *	9. processing, lease ended, policy unknown	 -> unknown (mark it)
+ *
+ * A lookup that has no request (idem_replay) passes no fingerprint and
+ * skips step 3.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "decision.h"
+
+static const char *const outcome_names[] = {
+	[IDEM_OUTCOME_PROCEED] = "proceed",
+	[IDEM_OUTCOME_REPLAY] = "replay",
+	[IDEM_OUTCOME_IN_PROGRESS] = "in_progress",
+	[IDEM_OUTCOME_MISMATCH] = "mismatch",
+	[IDEM_OUTCOME_UNKNOWN] = "unknown",
+};
+
+static inline IdemDecision
+decision(IdemOutcome outcome, IdemAction action)
+{
+	IdemDecision d;
+
+	d.outcome = outcome;
+	d.action = action;
+	return d;
+}
+
+/*
+ * Decide what a claim of a scope and key answers.  rec is NULL when no
+ * record exists; fingerprint is NULL for a lookup without a request.
+ */
+IdemDecision
+idem_decide(const IdemRecord *rec, const uint8 *fingerprint, TimestampTz now)
+{
+	if (rec == NULL)
+		return decision(IDEM_OUTCOME_PROCEED, IDEM_ACTION_INSERT);
+
+	if (idem_state_is_finished(rec->state) && rec->expires_at <= now)
+		return decision(IDEM_OUTCOME_PROCEED, IDEM_ACTION_REUSE);
+
+	if (fingerprint != NULL &&
+		memcmp(fingerprint, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)
+		return decision(IDEM_OUTCOME_MISMATCH, IDEM_ACTION_NONE);
+
+	switch (rec->state)
+	{
+		case IDEM_SUCCEEDED:
+		case IDEM_FAILED:
+			return decision(IDEM_OUTCOME_REPLAY, IDEM_ACTION_NONE);
+		case IDEM_RETRYABLE:
+			return decision(IDEM_OUTCOME_PROCEED, IDEM_ACTION_NEW_ATTEMPT);
+		case IDEM_UNKNOWN:
+			return decision(IDEM_OUTCOME_UNKNOWN, IDEM_ACTION_NONE);
+		case IDEM_PROCESSING:
+			if (rec->has_lease && rec->locked_until > now)
+				return decision(IDEM_OUTCOME_IN_PROGRESS, IDEM_ACTION_NONE);
+			if (rec->on_lease_expiry == IDEM_POLICY_RETRY)
+				return decision(IDEM_OUTCOME_PROCEED, IDEM_ACTION_TAKEOVER);
+			return decision(IDEM_OUTCOME_UNKNOWN, IDEM_ACTION_MARK_UNKNOWN);
+	}
+	elog(ERROR, "unrecognized record state %d", (int) rec->state);
+	pg_unreachable();
+}
+
+/*
+ * The outcome as the claim's result row spells it.
+ */
+const char *
+idem_outcome_name(IdemOutcome outcome)
+{
+	return outcome_names[outcome];
+}

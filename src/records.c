@@ -1,0 +1,570 @@
+/*-------------------------------------------------------------------------
+ *
+ * records.c
+ *	  Reads and writes of idem_records, each one prepared SPI plan kept for
+ *	  the life of the backend.
+ *
+ * Every write names the exact version it expects (state, attempt, and for
+ * attempt writes the token's secret) in its WHERE clause, so a write based
+ * on a stale read changes nothing and the caller finds out from the row
+ * count.  Claim writes lock the row with FOR UPDATE SKIP LOCKED, so that a
+ * claim never waits for another transaction's row lock: a row that is being
+ * written by someone else is simply not updated.
+ *
+ * The plans name the table with the schema the extension lives in.  When the
+ * table is replaced (DROP and CREATE EXTENSION) catalog.c hands out a new
+ * generation number and the plans are prepared again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "catalog.h"
+#include "records.h"
+
+typedef enum RecordPlan
+{
+	PLAN_FETCH,
+	PLAN_FETCH_BY_ID,
+	PLAN_INSERT,
+	PLAN_RESTART,
+	PLAN_MARK_UNKNOWN,
+	PLAN_FINISH,
+	PLAN_EXTEND_LEASE,
+	PLAN_SET_RECOVERY_POINT,
+	PLAN_RESOLVE,
+	NUM_RECORD_PLANS
+} RecordPlan;
+
+#define RECORD_COLUMNS \
+	"id, state, attempt, fingerprint, recovery_point, locked_until, " \
+	"on_lease_expiry, response_status, response_headers, response_body, " \
+	"resource_id, expires_at"
+
+/* Where the attempt's token must match; $1 id, $2 attempt, $3 secret. */
+#define TOKEN_MATCHES \
+	" WHERE id = $1 AND attempt = $2 AND attempt_token = $3 AND state = 'processing'"
+
+static SPIPlanPtr plans[NUM_RECORD_PLANS];
+static uint64 plans_generation = 0;
+
+static SPIPlanPtr get_plan(RecordPlan which);
+static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat);
+static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
+static bool run_token_write(RecordPlan which, const IdemToken *token,
+							Datum value, TimestampTz now);
+static void read_record(HeapTuple tuple, TupleDesc tupdesc, IdemRecord *rec,
+						bool with_scope);
+static void *copy_out(Datum value);
+static Datum bytes_datum(const uint8 *bytes, int len);
+static Datum nullable(void *pointer, char *null);
+
+/*
+ * Read the record of a scope and key.  Returns false when there is none.
+ */
+bool
+idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
+{
+	Datum		values[4];
+
+	values[0] = PointerGetDatum(scope->tenant);
+	values[1] = PointerGetDatum(scope->caller);
+	values[2] = PointerGetDatum(scope->operation);
+	values[3] = PointerGetDatum(scope->key);
+	if (run_plan(PLAN_FETCH, values, NULL) == 0)
+		return false;
+	read_record(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, rec, false);
+	return true;
+}
+
+/*
+ * Read a record by id, with its scope.  Returns false when there is none.
+ */
+bool
+idem_record_fetch_by_id(int64 id, IdemRecord *rec)
+{
+	Datum		values[1];
+
+	values[0] = Int64GetDatum(id);
+	if (run_plan(PLAN_FETCH_BY_ID, values, NULL) == 0)
+		return false;
+	read_record(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, rec, true);
+	return true;
+}
+
+/*
+ * Insert attempt 1 of a new command.  Returns false, writing nothing, when
+ * a committed record of the same scope and key already exists.
+ */
+bool
+idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
+				   int64 *id)
+{
+	const IdemCatalog *cat = idem_catalog();
+	Datum		values[12];
+	bool		isnull;
+
+	values[0] = PointerGetDatum(scope->tenant);
+	values[1] = PointerGetDatum(scope->caller);
+	values[2] = PointerGetDatum(scope->operation);
+	values[3] = PointerGetDatum(scope->key);
+	values[4] = bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN);
+	values[5] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
+	values[6] = bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN);
+	values[7] = TimestampTzGetDatum(start->locked_until);
+	values[8] = ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]);
+	values[9] = IntervalPGetDatum(start->ttl);
+	values[10] = TimestampTzGetDatum(start->now);
+	values[11] = TimestampTzGetDatum(start->expires_at);
+	if (run_plan(PLAN_INSERT, values, NULL) == 0)
+		return false;
+	*id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull));
+	return true;
+}
+
+/*
+ * Start a new attempt on an existing record: reuse of an expired record
+ * (attempt 1, new fingerprint, recovery point cleared), a takeover of an
+ * ended lease or a new attempt after a retryable failure (attempt n+1,
+ * recovery point kept).  rec is the version the decision was made on; on
+ * success rec->recovery_point is set to what the new attempt resumes from.
+ * Returns false, writing nothing, when the record changed since it was read
+ * or another transaction is writing it.
+ */
+bool
+idem_record_restart(IdemRecord *rec, bool reuse,
+					const IdemAttemptStart *start)
+{
+	const IdemCatalog *cat = idem_catalog();
+	Datum		values[14];
+	char		nulls[14];
+	bool		isnull;
+	Datum		point;
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = Int64GetDatum(rec->id);
+	values[1] = Int32GetDatum(rec->attempt);
+	values[2] = bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN);
+	values[3] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
+	values[4] = Int32GetDatum(reuse ? 1 : rec->attempt + 1);
+	values[5] = bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN);
+	values[6] = BoolGetDatum(reuse);
+	values[7] = TimestampTzGetDatum(start->locked_until);
+	values[8] = ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]);
+	values[9] = IntervalPGetDatum(start->ttl);
+	values[10] = TimestampTzGetDatum(start->now);
+	values[11] = TimestampTzGetDatum(start->expires_at);
+	values[12] = ObjectIdGetDatum(cat->state_oids[rec->state]);
+	values[13] = BoolGetDatum(rec->state == IDEM_PROCESSING);
+	if (run_plan(PLAN_RESTART, values, nulls) == 0)
+		return false;
+
+	point = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+						  &isnull);
+	rec->recovery_point = isnull ? NULL : (text *) copy_out(point);
+	return true;
+}
+
+/*
+ * Move a processing record whose lease ended to unknown.  Returns false,
+ * writing nothing, when the record changed since it was read or another
+ * transaction is writing it.
+ */
+bool
+idem_record_mark_unknown(const IdemRecord *rec, TimestampTz now)
+{
+	const IdemCatalog *cat = idem_catalog();
+	Datum		values[4];
+
+	values[0] = Int64GetDatum(rec->id);
+	values[1] = Int32GetDatum(rec->attempt);
+	values[2] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
+	values[3] = TimestampTzGetDatum(now);
+	return run_plan(PLAN_MARK_UNKNOWN, values, NULL) > 0;
+}
+
+/*
+ * Store the outcome of the attempt a token names.  Returns false when the
+ * token is not the record's current processing attempt.
+ */
+bool
+idem_record_finish(const IdemToken *token, const IdemResponse *response,
+				   TimestampTz now)
+{
+	const IdemCatalog *cat = idem_catalog();
+	Datum		values[9];
+	char		nulls[9];
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = Int64GetDatum(token->record_id);
+	values[1] = Int32GetDatum(token->attempt);
+	values[2] = bytes_datum(token->secret, IDEM_TOKEN_SECRET_LEN);
+	values[3] = ObjectIdGetDatum(cat->state_oids[response->state]);
+	values[4] = Int32GetDatum(response->http_status);
+	values[5] = nullable(response->headers, &nulls[5]);
+	values[6] = nullable(response->body, &nulls[6]);
+	values[7] = nullable(response->resource_id, &nulls[7]);
+	values[8] = TimestampTzGetDatum(now);
+	return run_plan(PLAN_FINISH, values, nulls) > 0;
+}
+
+/*
+ * Move the lease end of the attempt a token names.  Returns false when the
+ * token is not the record's current processing attempt.
+ */
+bool
+idem_record_extend_lease(const IdemToken *token, TimestampTz locked_until,
+						 TimestampTz now)
+{
+	return run_token_write(PLAN_EXTEND_LEASE, token,
+						   TimestampTzGetDatum(locked_until), now);
+}
+
+/*
+ * Record how far the attempt a token names got.  Returns false when the
+ * token is not the record's current processing attempt.
+ */
+bool
+idem_record_set_recovery_point(const IdemToken *token, text *recovery_point,
+							   TimestampTz now)
+{
+	return run_token_write(PLAN_SET_RECOVERY_POINT, token,
+						   PointerGetDatum(recovery_point), now);
+}
+
+/*
+ * Settle an unknown record.  Returns false when the record is not unknown
+ * (or is being written by another transaction, which then wins).
+ */
+bool
+idem_record_resolve(int64 id, const IdemResponse *response, TimestampTz now)
+{
+	const IdemCatalog *cat = idem_catalog();
+	Datum		values[7];
+	char		nulls[7];
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = Int64GetDatum(id);
+	values[1] = ObjectIdGetDatum(cat->state_oids[response->state]);
+	values[2] = Int32GetDatum(response->http_status);
+	values[3] = nullable(response->headers, &nulls[3]);
+	values[4] = nullable(response->body, &nulls[4]);
+	values[5] = nullable(response->resource_id, &nulls[5]);
+	values[6] = TimestampTzGetDatum(now);
+	return run_plan(PLAN_RESOLVE, values, nulls) > 0;
+}
+
+/*
+ * The kept plan for a statement, prepared on first use and again after the
+ * records table was replaced.
+ */
+static SPIPlanPtr
+get_plan(RecordPlan which)
+{
+	const IdemCatalog *cat = idem_catalog();
+
+	if (cat->generation != plans_generation)
+	{
+		int			i;
+
+		for (i = 0; i < NUM_RECORD_PLANS; i++)
+		{
+			if (plans[i] != NULL)
+				SPI_freeplan(plans[i]);
+			plans[i] = NULL;
+		}
+		plans_generation = cat->generation;
+	}
+	if (plans[which] == NULL)
+		plans[which] = prepare_plan(which, cat);
+	return plans[which];
+}
+
+/*
+ * Prepare one statement against the current records table and keep it.
+ */
+static SPIPlanPtr
+prepare_plan(RecordPlan which, const IdemCatalog *cat)
+{
+	const char *t = cat->qualified_table;
+	StringInfoData sql;
+	Oid			types[14];
+	int			nargs;
+	SPIPlanPtr	plan;
+
+	initStringInfo(&sql);
+	switch (which)
+	{
+		case PLAN_FETCH:
+			appendStringInfo(&sql,
+							 "SELECT " RECORD_COLUMNS " FROM %s"
+							 " WHERE tenant = $1 AND caller = $2"
+							 " AND operation = $3 AND key = $4", t);
+			types[0] = types[1] = types[2] = types[3] = TEXTOID;
+			nargs = 4;
+			break;
+		case PLAN_FETCH_BY_ID:
+			appendStringInfo(&sql,
+							 "SELECT " RECORD_COLUMNS ", tenant, caller, operation, key"
+							 " FROM %s WHERE id = $1", t);
+			types[0] = INT8OID;
+			nargs = 1;
+			break;
+		case PLAN_INSERT:
+			appendStringInfo(&sql,
+							 "INSERT INTO %s (tenant, caller, operation, key,"
+							 " fingerprint, state, attempt, attempt_token, locked_until,"
+							 " on_lease_expiry, ttl, created_at, claimed_at, updated_at,"
+							 " expires_at)"
+							 " VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $9, $10,"
+							 " $11, $11, $11, $12)"
+							 " ON CONFLICT (tenant, caller, operation, key) DO NOTHING"
+							 " RETURNING id", t);
+			types[0] = types[1] = types[2] = types[3] = TEXTOID;
+			types[4] = BYTEAOID;
+			types[5] = cat->state_type;
+			types[6] = BYTEAOID;
+			types[7] = TIMESTAMPTZOID;
+			types[8] = cat->policy_type;
+			types[9] = INTERVALOID;
+			types[10] = types[11] = TIMESTAMPTZOID;
+			nargs = 12;
+			break;
+		case PLAN_RESTART:
+			appendStringInfo(&sql,
+							 "UPDATE %s SET fingerprint = $3, state = $4, attempt = $5,"
+							 " attempt_token = $6,"
+							 " recovery_point = CASE WHEN $7 THEN NULL ELSE recovery_point END,"
+							 " locked_until = $8, on_lease_expiry = $9, ttl = $10,"
+							 " response_status = NULL, response_headers = NULL,"
+							 " response_body = NULL, resource_id = NULL,"
+							 " claimed_at = $11, updated_at = $11, completed_at = NULL,"
+							 " expires_at = $12"
+							 " WHERE id = (SELECT id FROM %s WHERE id = $1"
+							 " AND state = $13 AND attempt = $2"
+							 " AND (NOT $7 OR expires_at <= $11)"
+							 " AND (NOT $14 OR locked_until <= $11)"
+							 " FOR UPDATE SKIP LOCKED)"
+							 " RETURNING recovery_point", t, t);
+			types[0] = INT8OID;
+			types[1] = INT4OID;
+			types[2] = BYTEAOID;
+			types[3] = cat->state_type;
+			types[4] = INT4OID;
+			types[5] = BYTEAOID;
+			types[6] = BOOLOID;
+			types[7] = TIMESTAMPTZOID;
+			types[8] = cat->policy_type;
+			types[9] = INTERVALOID;
+			types[10] = types[11] = TIMESTAMPTZOID;
+			types[12] = cat->state_type;
+			types[13] = BOOLOID;
+			nargs = 14;
+			break;
+		case PLAN_MARK_UNKNOWN:
+			appendStringInfo(&sql,
+							 "UPDATE %s SET state = $3, updated_at = $4,"
+							 " expires_at = $4 + ttl"
+							 " WHERE id = (SELECT id FROM %s WHERE id = $1"
+							 " AND attempt = $2 AND state = 'processing'"
+							 " AND locked_until <= $4 FOR UPDATE SKIP LOCKED)"
+							 " RETURNING id", t, t);
+			types[0] = INT8OID;
+			types[1] = INT4OID;
+			types[2] = cat->state_type;
+			types[3] = TIMESTAMPTZOID;
+			nargs = 4;
+			break;
+		case PLAN_FINISH:
+			appendStringInfo(&sql,
+							 "UPDATE %s SET state = $4, response_status = $5,"
+							 " response_headers = $6, response_body = $7,"
+							 " resource_id = $8, attempt_token = NULL, locked_until = NULL,"
+							 " completed_at = $9, updated_at = $9, expires_at = $9 + ttl"
+							 TOKEN_MATCHES " RETURNING id", t);
+			types[0] = INT8OID;
+			types[1] = INT4OID;
+			types[2] = BYTEAOID;
+			types[3] = cat->state_type;
+			types[4] = INT4OID;
+			types[5] = types[6] = JSONBOID;
+			types[7] = TEXTOID;
+			types[8] = TIMESTAMPTZOID;
+			nargs = 9;
+			break;
+		case PLAN_EXTEND_LEASE:
+			appendStringInfo(&sql,
+							 "UPDATE %s SET locked_until = $4, updated_at = $5"
+							 TOKEN_MATCHES " RETURNING id", t);
+			types[0] = INT8OID;
+			types[1] = INT4OID;
+			types[2] = BYTEAOID;
+			types[3] = types[4] = TIMESTAMPTZOID;
+			nargs = 5;
+			break;
+		case PLAN_SET_RECOVERY_POINT:
+			appendStringInfo(&sql,
+							 "UPDATE %s SET recovery_point = $4, updated_at = $5"
+							 TOKEN_MATCHES " RETURNING id", t);
+			types[0] = INT8OID;
+			types[1] = INT4OID;
+			types[2] = BYTEAOID;
+			types[3] = TEXTOID;
+			types[4] = TIMESTAMPTZOID;
+			nargs = 5;
+			break;
+		case PLAN_RESOLVE:
+			appendStringInfo(&sql,
+							 "UPDATE %s SET state = $2, response_status = $3,"
+							 " response_headers = $4, response_body = $5,"
+							 " resource_id = coalesce($6, resource_id),"
+							 " completed_at = $7, updated_at = $7, expires_at = $7 + ttl"
+							 " WHERE id = $1 AND state = 'unknown' RETURNING id", t);
+			types[0] = INT8OID;
+			types[1] = cat->state_type;
+			types[2] = INT4OID;
+			types[3] = types[4] = JSONBOID;
+			types[5] = TEXTOID;
+			types[6] = TIMESTAMPTZOID;
+			nargs = 7;
+			break;
+		default:
+			elog(ERROR, "unrecognized record statement %d", (int) which);
+	}
+
+	plan = SPI_prepare(sql.data, nargs, types);
+	if (plan == NULL)
+		elog(ERROR, "could not prepare \"%s\": %s", sql.data,
+			 SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "could not keep plan for \"%s\"", sql.data);
+	pfree(sql.data);
+	return plan;
+}
+
+/*
+ * Execute a kept statement and return the number of rows it returned.  Not
+ * read-only, so that under READ COMMITTED each call sees the latest
+ * committed data.
+ */
+static int
+run_plan(RecordPlan which, Datum *values, const char *nulls)
+{
+	int			ret;
+
+	ret = SPI_execute_plan(get_plan(which), values, nulls, false, 1);
+	if (ret < 0)
+		elog(ERROR, "idempotency record statement %d failed: %s",
+			 (int) which, SPI_result_code_string(ret));
+	return (int) SPI_processed;
+}
+
+/*
+ * Run a statement that sets one column ($4) of the attempt a token names.
+ */
+static bool
+run_token_write(RecordPlan which, const IdemToken *token, Datum value,
+				TimestampTz now)
+{
+	Datum		values[5];
+
+	values[0] = Int64GetDatum(token->record_id);
+	values[1] = Int32GetDatum(token->attempt);
+	values[2] = bytes_datum(token->secret, IDEM_TOKEN_SECRET_LEN);
+	values[3] = value;
+	values[4] = TimestampTzGetDatum(now);
+	return run_plan(which, values, NULL) > 0;
+}
+
+/*
+ * Copy a fetched row into rec, in the caller's memory context.
+ */
+static void
+read_record(HeapTuple tuple, TupleDesc tupdesc, IdemRecord *rec,
+			bool with_scope)
+{
+	const IdemCatalog *cat = idem_catalog();
+	Datum		v;
+	bool		isnull;
+	bytea	   *fingerprint;
+
+	memset(rec, 0, sizeof(*rec));
+	rec->id = DatumGetInt64(SPI_getbinval(tuple, tupdesc, 1, &isnull));
+	rec->state = idem_state_from_oid(cat,
+									 DatumGetObjectId(SPI_getbinval(tuple, tupdesc, 2, &isnull)));
+	rec->attempt = DatumGetInt32(SPI_getbinval(tuple, tupdesc, 3, &isnull));
+	fingerprint = DatumGetByteaPP(SPI_getbinval(tuple, tupdesc, 4, &isnull));
+	if (VARSIZE_ANY_EXHDR(fingerprint) != IDEM_FINGERPRINT_LEN)
+		elog(ERROR, "fingerprint of idempotency record " INT64_FORMAT " has %d bytes",
+			 rec->id, (int) VARSIZE_ANY_EXHDR(fingerprint));
+	memcpy(rec->fingerprint, VARDATA_ANY(fingerprint), IDEM_FINGERPRINT_LEN);
+	v = SPI_getbinval(tuple, tupdesc, 5, &isnull);
+	rec->recovery_point = isnull ? NULL : (text *) copy_out(v);
+	v = SPI_getbinval(tuple, tupdesc, 6, &isnull);
+	rec->has_lease = !isnull;
+	rec->locked_until = isnull ? 0 : DatumGetTimestampTz(v);
+	rec->on_lease_expiry =
+		idem_policy_from_oid(cat,
+							 DatumGetObjectId(SPI_getbinval(tuple, tupdesc, 7, &isnull)));
+	v = SPI_getbinval(tuple, tupdesc, 8, &isnull);
+	rec->has_response_status = !isnull;
+	rec->response_status = isnull ? 0 : DatumGetInt32(v);
+	v = SPI_getbinval(tuple, tupdesc, 9, &isnull);
+	rec->response_headers = isnull ? NULL : (Jsonb *) copy_out(v);
+	v = SPI_getbinval(tuple, tupdesc, 10, &isnull);
+	rec->response_body = isnull ? NULL : (Jsonb *) copy_out(v);
+	v = SPI_getbinval(tuple, tupdesc, 11, &isnull);
+	rec->resource_id = isnull ? NULL : (text *) copy_out(v);
+	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tuple, tupdesc, 12, &isnull));
+
+	if (with_scope)
+	{
+		rec->scope.tenant = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 13, &isnull));
+		rec->scope.caller = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 14, &isnull));
+		rec->scope.operation = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 15, &isnull));
+		rec->scope.key = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 16, &isnull));
+	}
+}
+
+/*
+ * Copy a varlena value, detoasted, into the caller's (pre-SPI) context.
+ */
+static void *
+copy_out(Datum value)
+{
+	struct varlena *v = PG_DETOAST_DATUM(value);
+	void	   *copy = SPI_palloc(VARSIZE(v));
+
+	memcpy(copy, v, VARSIZE(v));
+	return copy;
+}
+
+/*
+ * A bytea datum holding len bytes.
+ */
+static Datum
+bytes_datum(const uint8 *bytes, int len)
+{
+	bytea	   *b = palloc(VARHDRSZ + len);
+
+	SET_VARSIZE(b, VARHDRSZ + len);
+	memcpy(VARDATA(b), bytes, len);
+	return PointerGetDatum(b);
+}
+
+/*
+ * A datum for an optional varlena argument, marking NULL in *null.
+ */
+static Datum
+nullable(void *pointer, char *null)
+{
+	*null = pointer == NULL ? 'n' : ' ';
+	return PointerGetDatum(pointer);
+}

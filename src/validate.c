@@ -1,0 +1,217 @@
+/*-------------------------------------------------------------------------
+ *
+ * validate.c
+ *	  Checks of the arguments of the idem_* functions.  Every check raises
+ *	  before anything is written, so a bad call changes nothing.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "common/int.h"
+#include "datatype/timestamp.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+#include "validate.h"
+
+/*
+ * Raise unless argument argno (0-based) is given.
+ */
+void
+idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name)));
+}
+
+/*
+ * An idempotency key: 1 to idempotency.max_key_length bytes of printable
+ * ASCII, as HTTP header values carry them.
+ */
+void
+idem_check_key(text *key)
+{
+	const unsigned char *p = (const unsigned char *) VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	int			i;
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency key must not be empty")));
+	if (len > idem_max_key_length)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency key is too long"),
+				 errdetail("The key is %d bytes long; the limit is %d.",
+						   len, idem_max_key_length),
+				 errhint("Raise idempotency.max_key_length to accept longer keys.")));
+	for (i = 0; i < len; i++)
+	{
+		if (p[i] < 0x20 || p[i] > 0x7e)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("idempotency key must be printable ASCII"),
+					 errdetail("Byte %d of the key is 0x%02x.", i + 1, p[i])));
+	}
+}
+
+/*
+ * An operation, tenant or caller name: at most idempotency.max_key_length
+ * bytes with no control characters.
+ */
+void
+idem_check_name(text *value, const char *what, bool allow_empty)
+{
+	const unsigned char *p = (const unsigned char *) VARDATA_ANY(value);
+	int			len = VARSIZE_ANY_EXHDR(value);
+	int			i;
+
+	if (len == 0 && !allow_empty)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what)));
+	if (len > idem_max_key_length)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is too long", what),
+				 errdetail("It is %d bytes long; the limit is %d.",
+						   len, idem_max_key_length)));
+	for (i = 0; i < len; i++)
+	{
+		if (p[i] < 0x20 || p[i] == 0x7f)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s must not contain control characters", what),
+					 errdetail("Byte %d is 0x%02x.", i + 1, p[i])));
+	}
+}
+
+/*
+ * An interval as microseconds, counting a month as 30 days and a day as 24
+ * hours (as EXTRACT(epoch) does).  Must be positive, or zero if allowed.
+ */
+int64
+idem_interval_usecs(Interval *value, const char *what, bool allow_zero)
+{
+	int64		days;
+	int64		usecs;
+
+	if (pg_mul_s64_overflow((int64) value->month, DAYS_PER_MONTH, &days) ||
+		pg_add_s64_overflow(days, (int64) value->day, &days) ||
+		pg_mul_s64_overflow(days, USECS_PER_DAY, &usecs) ||
+		pg_add_s64_overflow(usecs, value->time, &usecs))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("%s is out of range", what)));
+	if (usecs < 0 || (usecs == 0 && !allow_zero))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be %s", what,
+						allow_zero ? "zero or positive" : "positive"),
+				 errdetail("The value given is %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(value))))));
+	return usecs;
+}
+
+/*
+ * start + usecs, raising when the result is past the end of timestamps.
+ */
+TimestampTz
+idem_timestamp_plus(TimestampTz start, int64 usecs, const char *what)
+{
+	TimestampTz result;
+
+	if (pg_add_s64_overflow(start, usecs, &result) || !IS_VALID_TIMESTAMP(result))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("%s is out of range", what),
+				 errdetail("It ends past the largest timestamp.")));
+	return result;
+}
+
+/*
+ * An HTTP status code: 100 to 599.
+ */
+void
+idem_check_http_status(int32 status)
+{
+	if (status < 100 || status > 599)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("http_status must be between 100 and 599"),
+				 errdetail("The value given is %d.", status)));
+}
+
+/*
+ * Response headers: a JSON object whose values are all strings.
+ */
+void
+idem_check_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			level = 0;
+	char	   *name = NULL;
+
+	if (!JB_ROOT_IS_OBJECT(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers must be a JSON object of strings"),
+				 errdetail("The value given is a JSON %s.",
+						   JB_ROOT_IS_SCALAR(headers) ? "scalar" : "array")));
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		switch (tok)
+		{
+			case WJB_BEGIN_OBJECT:
+			case WJB_BEGIN_ARRAY:
+				if (++level > 1)
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("headers must be a JSON object of strings"),
+							 errdetail("Header \"%s\" is not a string.", name)));
+				break;
+			case WJB_KEY:
+				name = pnstrdup(v.val.string.val, v.val.string.len);
+				break;
+			case WJB_VALUE:
+				if (v.type != jbvString)
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("headers must be a JSON object of strings"),
+							 errdetail("Header \"%s\" is not a string.", name)));
+				break;
+			default:
+				break;
+		}
+	}
+}
+
+/*
+ * on_lease_expiry: 'unknown' or 'retry'.
+ */
+IdemLeasePolicy
+idem_parse_policy(text *policy)
+{
+	char	   *s = text_to_cstring(policy);
+
+	if (strcmp(s, "unknown") == 0)
+		return IDEM_POLICY_UNKNOWN;
+	if (strcmp(s, "retry") == 0)
+		return IDEM_POLICY_RETRY;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("invalid on_lease_expiry \"%s\"", s),
+			 errhint("Use \"unknown\" (the outcome must be reconciled) or \"retry\" (a later claim may run the command again).")));
+	pg_unreachable();
+}

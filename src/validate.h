@@ -1,0 +1,25 @@
+/*-------------------------------------------------------------------------
+ *
+ * validate.h
+ *	  Checks of the arguments of the idem_* functions.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_VALIDATE_H
+#define IDEM_VALIDATE_H
+
+#include "fmgr.h"
+#include "utils/jsonb.h"
+
+#include "state_machine.h"
+
+extern void idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name);
+extern void idem_check_key(text *key);
+extern void idem_check_name(text *value, const char *what, bool allow_empty);
+extern int64 idem_interval_usecs(Interval *value, const char *what, bool allow_zero);
+extern TimestampTz idem_timestamp_plus(TimestampTz start, int64 usecs, const char *what);
+extern void idem_check_http_status(int32 status);
+extern void idem_check_headers(Jsonb *headers);
+extern IdemLeasePolicy idem_parse_policy(text *policy);
+
+#endif							/* IDEM_VALIDATE_H */
