@@ -19,7 +19,7 @@ OBJS += src/canonical.o
 OBJS += src/state_machine.o
 
 # Background worker and maintenance passes
-OBJS += src/worker.o
+OBJS += src/worker.o src/worker_status.o src/maintenance.o
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

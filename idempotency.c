@@ -21,6 +21,7 @@
 
 #include "idempotency.h"
 #include "worker.h"
+#include "worker_status.h"
 
 PG_MODULE_MAGIC;
 
@@ -49,6 +50,7 @@ _PG_init(void)
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 
+	idem_status_install_hooks();
 	idem_register_workers();
 }
 
