@@ -16,13 +16,18 @@
  * Each pass is one statement that picks at most N rows in index order with
  * FOR UPDATE SKIP LOCKED and changes them:
  *
- *	  ... WHERE id IN (SELECT id ... ORDER BY ... LIMIT $2 FOR UPDATE SKIP LOCKED)
+ *	  ... WHERE id = ANY (ARRAY(SELECT id ... ORDER BY ...
+ *								LIMIT $2 FOR UPDATE SKIP LOCKED))
  *		  AND <the same conditions>
  *
  * A row that a claim holds is skipped instead of waited for, and a row that
  * a claim changed after our snapshot is rechecked against the conditions
  * (repeated in the outer WHERE) before it is touched, so a record reused
- * meanwhile for a new command is left alone.  The clock and the limit are
+ * meanwhile for a new command is left alone.  ARRAY(...) rather than
+ * IN (...): the sub-select then runs once, as an InitPlan, whatever the
+ * statistics say.  With IN, a plan made while the table was empty (the
+ * kept generic plan) can be a nested loop that runs the locking sub-select
+ * again for every outer row, which makes a large backlog quadratic.  The clock and the limit are
  * parameters.  The plans are prepared once per process and kept
  * (SPI_keepplan); they are prepared again when the extension was dropped
  * and created again, or moved to another schema.
@@ -156,22 +161,23 @@ idem_maintenance_prepare(Oid extoid)
 		"               ELSE 'unknown'::%s.idem_state END,"
 		"       updated_at = $1,"
 		"       expires_at = $1 + r.ttl"
-		" WHERE r.id IN (SELECT l.id FROM %s.idem_records AS l"
-		"                 WHERE l.state = 'processing' AND l.locked_until < $1"
-		"                 ORDER BY l.locked_until"
-		"                 LIMIT $2"
-		"                 FOR UPDATE SKIP LOCKED)"
+		" WHERE r.id = ANY (ARRAY(SELECT l.id FROM %s.idem_records AS l"
+		"                          WHERE l.state = 'processing'"
+		"                            AND l.locked_until < $1"
+		"                          ORDER BY l.locked_until"
+		"                          LIMIT $2"
+		"                          FOR UPDATE SKIP LOCKED))"
 		"   AND r.state = 'processing' AND r.locked_until < $1",
 		nsp, nsp, nsp, nsp));
 
 	cleanup_plan = prepare_kept_plan(psprintf(
 		"DELETE FROM %s.idem_records AS r"
-		" WHERE r.id IN (SELECT c.id FROM %s.idem_records AS c"
-		"                 WHERE c.state IN ('succeeded', 'failed', 'retryable')"
-		"                   AND c.expires_at < $1"
-		"                 ORDER BY c.expires_at"
-		"                 LIMIT $2"
-		"                 FOR UPDATE SKIP LOCKED)"
+		" WHERE r.id = ANY (ARRAY(SELECT c.id FROM %s.idem_records AS c"
+		"                          WHERE c.state IN ('succeeded', 'failed', 'retryable')"
+		"                            AND c.expires_at < $1"
+		"                          ORDER BY c.expires_at"
+		"                          LIMIT $2"
+		"                          FOR UPDATE SKIP LOCKED))"
 		"   AND r.state IN ('succeeded', 'failed', 'retryable')"
 		"   AND r.expires_at < $1",
 		nsp, nsp));

@@ -41,8 +41,13 @@
  */
 #include "postgres.h"
 
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -329,15 +334,38 @@ launcher_pass(LauncherEntry *entries, int nentries)
 
 /*
  * The OID of a database, or InvalidOid when there is none of that name.
+ *
+ * A process connected to no database cannot use catalog indexes, so this
+ * reads pg_database sequentially, as the autovacuum launcher's
+ * get_database_list() does; the table is small.
  */
 static Oid
 lookup_database(const char *dbname)
 {
-	Oid			dboid;
+	Oid			dboid = InvalidOid;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tuple;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	dboid = get_database_oid(dbname, true);
+	(void) GetTransactionSnapshot();
+
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while (HeapTupleIsValid(tuple = heap_getnext(scan, ForwardScanDirection)))
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tuple);
+
+		if (strcmp(NameStr(db->datname), dbname) == 0)
+		{
+			dboid = db->oid;
+			break;
+		}
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+
 	CommitTransactionCommand();
 
 	return dboid;
