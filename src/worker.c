@@ -112,6 +112,8 @@ static bool start_worker(Oid dboid, const char *dbname, pid_t notify_pid,
 						 BackgroundWorkerHandle **handle);
 static void launcher_pass(LauncherEntry *entries, int nentries);
 static Oid	lookup_database(const char *dbname);
+static char *settings_summary(void);
+static bool settings_changed(void);
 static void worker_shmem_exit(int code, Datum arg);
 static void run_cycle(MemoryContext cycle_context);
 static bool run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress);
@@ -279,8 +281,16 @@ launcher_pass(LauncherEntry *entries, int nentries)
 
 			if (status == BGWH_STARTED || status == BGWH_NOT_YET_STARTED)
 				continue;
+
+			/*
+			 * The worker exited.  Wait IDEM_RESTART_DELAY_MS from now before
+			 * starting another, which also leaves DROP DATABASE ... WITH
+			 * (FORCE) the time to finish.
+			 */
 			pfree(e->handle);
 			e->handle = NULL;
+			e->last_attempt = now;
+			continue;
 		}
 
 		if (!TimestampDifferenceExceeds(e->last_attempt, now,
@@ -405,7 +415,9 @@ idem_worker_main(Datum main_arg)
 
 	ereport(LOG,
 			(errmsg("idempotency worker started for database \"%s\"",
-					worker_dbname)));
+					worker_dbname),
+			 errdetail_internal("%s", settings_summary())));
+	settings_changed();
 
 	cycle_context = AllocSetContextCreate(TopMemoryContext,
 										  "idempotency worker cycle",
@@ -417,6 +429,11 @@ idem_worker_main(Datum main_arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			if (settings_changed())
+				ereport(LOG,
+						(errmsg("idempotency worker for database \"%s\" reloaded its settings",
+								worker_dbname),
+						 errdetail_internal("%s", settings_summary())));
 		}
 
 		MemoryContextReset(cycle_context);
@@ -428,6 +445,37 @@ idem_worker_main(Datum main_arg)
 						 PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 	}
+}
+
+/*
+ * The worker's settings, for its log lines.
+ */
+static char *
+settings_summary(void)
+{
+	return psprintf("naptime %d ms, cleanup batch size %d, at most %d batches per pass, cleanup grace %d s.",
+					idem_naptime_ms, idem_cleanup_batch_size,
+					idem_cleanup_max_batches, idem_cleanup_grace_s);
+}
+
+/*
+ * Whether the worker's settings changed since the last call.
+ */
+static bool
+settings_changed(void)
+{
+	static int	last[4] = {-1, -1, -1, -1};
+	int			now[4];
+	bool		changed;
+
+	now[0] = idem_naptime_ms;
+	now[1] = idem_cleanup_batch_size;
+	now[2] = idem_cleanup_max_batches;
+	now[3] = idem_cleanup_grace_s;
+	changed = memcmp(last, now, sizeof(now)) != 0;
+	memcpy(last, now, sizeof(now));
+
+	return changed;
 }
 
 /*
@@ -529,7 +577,7 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 		{
 			if (pass == IDEM_PASS_CLEANUP)
 				ereport(LOG,
-						(errmsg("idempotency worker for database \"%s\" deleted %lld expired records in %d batches; more remain for the next cycle",
+						(errmsg("idempotency worker for database \"%s\" reached idempotency.cleanup_max_batches: %lld expired records deleted in %d batches, the rest waits for the next cycle",
 								worker_dbname, (long long) pass_rows, batches),
 						 errhint("Raise idempotency.cleanup_max_batches or lower idempotency.naptime if the backlog keeps growing.")));
 			break;
