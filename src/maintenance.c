@@ -16,18 +16,26 @@
  * Each pass is one statement that picks at most N rows in index order with
  * FOR UPDATE SKIP LOCKED and changes them:
  *
- *	  ... WHERE id = ANY (ARRAY(SELECT id ... ORDER BY ...
- *								LIMIT $2 FOR UPDATE SKIP LOCKED))
- *		  AND <the same conditions>
+ *	  ... WHERE id = ANY (ARRAY(SELECT id ... WHERE <conditions>
+ *								ORDER BY ... LIMIT $2
+ *								FOR UPDATE SKIP LOCKED))
  *
- * A row that a claim holds is skipped instead of waited for, and a row that
- * a claim changed after our snapshot is rechecked against the conditions
- * (repeated in the outer WHERE) before it is touched, so a record reused
- * meanwhile for a new command is left alone.  ARRAY(...) rather than
- * IN (...): the sub-select then runs once, as an InitPlan, whatever the
- * statistics say.  With IN, a plan made while the table was empty (the
- * kept generic plan) can be a nested loop that runs the locking sub-select
- * again for every outer row, which makes a large backlog quadratic.  The clock and the limit are
+ * A row that a claim holds is skipped instead of waited for.  A row that a
+ * claim changed and committed after our snapshot is locked in its newest
+ * version and rechecked against the conditions (EvalPlanQual under
+ * LockRows) before it is picked, so a record reused meanwhile for a new
+ * command is left alone; once picked, the row stays locked by us until the
+ * statement's transaction ends, so the outer UPDATE or DELETE changes
+ * exactly the version that passed the check.
+ *
+ * ARRAY(...) rather than IN (...): the sub-select then runs once, as an
+ * InitPlan, whatever the statistics say.  With IN, a plan made while the
+ * table was empty (the kept generic plan) can be a nested loop that runs
+ * the locking sub-select again for every outer row.  The outer WHERE holds
+ * nothing but the id list, so the outer scan is a primary key lookup: with
+ * the conditions repeated there, the planner may walk the whole expired
+ * part of the expiry index for every batch, which makes draining a large
+ * backlog quadratic.  The clock and the limit are
  * parameters.  The plans are prepared once per process and kept
  * (SPI_keepplan); they are prepared again when the extension was dropped
  * and created again, or moved to another schema.
@@ -166,8 +174,7 @@ idem_maintenance_prepare(Oid extoid)
 		"                            AND l.locked_until < $1"
 		"                          ORDER BY l.locked_until"
 		"                          LIMIT $2"
-		"                          FOR UPDATE SKIP LOCKED))"
-		"   AND r.state = 'processing' AND r.locked_until < $1",
+		"                          FOR UPDATE SKIP LOCKED))",
 		nsp, nsp, nsp, nsp));
 
 	cleanup_plan = prepare_kept_plan(psprintf(
@@ -177,9 +184,7 @@ idem_maintenance_prepare(Oid extoid)
 		"                            AND c.expires_at < $1"
 		"                          ORDER BY c.expires_at"
 		"                          LIMIT $2"
-		"                          FOR UPDATE SKIP LOCKED))"
-		"   AND r.state IN ('succeeded', 'failed', 'retryable')"
-		"   AND r.expires_at < $1",
+		"                          FOR UPDATE SKIP LOCKED))",
 		nsp, nsp));
 
 	plans_extoid = extoid;
