@@ -352,6 +352,7 @@ launcher_pass(LauncherEntry *entries, int nentries)
 static Oid
 lookup_database(const char *dbname)
 {
+	MemoryContext pass_context = CurrentMemoryContext;
 	Oid			dboid = InvalidOid;
 	Relation	rel;
 	TableScanDesc scan;
@@ -377,6 +378,7 @@ lookup_database(const char *dbname)
 	table_close(rel, AccessShareLock);
 
 	CommitTransactionCommand();
+	MemoryContextSwitchTo(pass_context);
 
 	return dboid;
 }
@@ -600,6 +602,7 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 static int64
 run_batch_transaction(IdemPass pass, int limit)
 {
+	MemoryContext cycle_context = CurrentMemoryContext;
 	Oid			extoid;
 	int64		n = -1;
 
@@ -645,6 +648,8 @@ run_batch_transaction(IdemPass pass, int limit)
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+	/* the commit leaves TopMemoryContext current */
+	MemoryContextSwitchTo(cycle_context);
 
 	return n;
 }
@@ -664,6 +669,7 @@ report_cycle_error(MemoryContext cycle_context)
 	edata = CopyErrorData();
 	FlushErrorState();
 	AbortOutOfAnyTransaction();
+	MemoryContextSwitchTo(cycle_context);
 	RESUME_INTERRUPTS();
 
 	idem_status_set_error(edata->message);

@@ -251,6 +251,33 @@ ok( $node->poll_query_until(
 is(status('cleanup_batches') - $batches_before, 4, 'a new batch size takes effect');
 
 #
+# An error inside a cycle is logged and kept in the status, and the worker
+# goes on: cancel the worker while it waits for a lock on the table.
+#
+my $locker = $node->background_psql('appdb');
+$locker->query_safe(
+	'BEGIN; LOCK TABLE idem_records IN ACCESS EXCLUSIVE MODE');
+my $worker_pid = status('pid');
+ok( $node->poll_query_until(
+		'postgres',
+		"SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $worker_pid"
+	),
+	'the worker waits for the table lock');
+$offset = -s $node->logfile;
+$node->safe_psql('postgres', "SELECT pg_cancel_backend($worker_pid)");
+$node->wait_for_log(
+	qr/idempotency worker for database "appdb" failed a cycle: canceling statement due to user request/,
+	$offset);
+$locker->query_safe('COMMIT');
+$locker->quit;
+like(
+	status('last_error_at IS NOT NULL AND pid = ' . $worker_pid . ' AS ok, last_error'),
+	qr/^t\|canceling statement due to user request$/,
+	'the error is kept in the status');
+lease_gets_expired('after-error-', 'an error in a cycle');
+is(status('pid'), $worker_pid, 'the same worker goes on after an error');
+
+#
 # SIGTERM: the worker exits at once; the launcher starts another.
 #
 my $pid = status('pid');
