@@ -549,7 +549,6 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 
 	for (;;)
 	{
-		/* read the settings per batch: a reload may change them */
 		int			batch_size = idem_cleanup_batch_size;
 		int64		n;
 		IdemWorkerProgress batch = {0};
