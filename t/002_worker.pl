@@ -238,6 +238,13 @@ $node->wait_for_log(
 	qr/idempotency worker for database "appdb" reloaded its settings\n.*DETAIL:  naptime 3600000 ms, cleanup batch size 250/,
 	$offset);
 pass('the worker reloads its settings on SIGHUP');
+# The reload is followed by one cycle; wait until the worker sleeps after it.
+my $hup_pid = status('pid');
+ok( $node->poll_query_until(
+		'postgres',
+		"SELECT wait_event = 'Extension' FROM pg_stat_activity WHERE pid = $hup_pid"
+	),
+	'the worker sleeps after the reload');
 $batches_before = status('cleanup_batches');
 insert_expired_succeeded('hup-', 1000);
 # The old naptime would clean these within 100ms; the new one waits an hour.
