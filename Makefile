@@ -21,7 +21,9 @@ OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
 	src/derive.o
 
 # Background worker and maintenance passes
-OBJS += src/worker.o
+OBJS += src/worker.o src/worker_status.o src/maintenance.o
+REGRESS += maintenance
+ISOLATION += maintenance_skip_locked
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

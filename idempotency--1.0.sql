@@ -195,3 +195,54 @@ CREATE FUNCTION idem_derive_key(key text, step text)
 -- Background worker and maintenance passes (src/worker.c)
 --
 
+-- The worker's two passes, callable from SQL (servers without the preload,
+-- pg_cron).  They run in the caller's transaction; NULL means the setting.
+CREATE FUNCTION idem_expire_leases(max_rows integer DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_expire_leases'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idem_expire_leases(integer) IS
+    'Move at most max_rows processing records whose lease ended to unknown or retryable; returns how many.';
+
+CREATE FUNCTION idem_cleanup(batch_size integer DEFAULT NULL,
+                             max_batches integer DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_cleanup'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idem_cleanup(integer, integer) IS
+    'Delete expired succeeded, failed and retryable records, batch_size rows per statement, at most max_batches statements; returns how many.';
+
+-- Start the worker of the current database without a restart.
+CREATE FUNCTION idem_launch_worker()
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idem_launch_worker'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idem_launch_worker() IS
+    'Start the idempotency worker of the current database; returns its pid.';
+
+-- What each database's worker has done since it started.
+CREATE FUNCTION idem_worker_status(
+    OUT database text,
+    OUT pid integer,
+    OUT started_at timestamptz,
+    OUT last_cycle_at timestamptz,
+    OUT cycles bigint,
+    OUT rows_expired bigint,
+    OUT rows_deleted bigint,
+    OUT cleanup_batches bigint,
+    OUT last_error text,
+    OUT last_error_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_worker_status'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+
+COMMENT ON FUNCTION idem_worker_status() IS
+    'Per database: the idempotency worker''s pid (NULL once it exited), start, last cycle, counters since start and last error.';
+
+REVOKE ALL ON FUNCTION idem_expire_leases(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_cleanup(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_launch_worker() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_worker_status() FROM PUBLIC;

@@ -21,6 +21,7 @@
 
 #include "idempotency.h"
 #include "worker.h"
+#include "worker_status.h"
 
 PG_MODULE_MAGIC;
 
@@ -37,6 +38,7 @@ int			idem_cleanup_grace_s = 10 * 60;
 void		_PG_init(void);
 
 static void define_settings(void);
+static void define_postmaster_settings(void);
 
 /*
  * Module load callback.
@@ -49,13 +51,15 @@ _PG_init(void)
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 
+	define_postmaster_settings();
+	idem_status_install_hooks();
 	idem_register_workers();
 }
 
 /*
- * Define every idempotency.* setting.  Called on every load so that a
- * session that has not preloaded the library still sees the per-call
- * defaults and gets an error for a misspelled setting.
+ * Define the idempotency.* settings that can change after start-up.
+ * Called on every load so that a session that has not preloaded the
+ * library still sees the per-call defaults.
  */
 static void
 define_settings(void)
@@ -92,14 +96,6 @@ define_settings(void)
 							PGC_SUSET, 0,
 							NULL, NULL, NULL);
 
-	DefineCustomStringVariable("idempotency.database",
-							   "Comma-separated list of databases the background worker serves.",
-							   "Takes effect at server start; use idem_launch_worker() for another database without a restart.",
-							   &idem_worker_databases,
-							   "postgres",
-							   PGC_POSTMASTER, 0,
-							   NULL, NULL, NULL);
-
 	DefineCustomIntVariable("idempotency.naptime",
 							"Time the background worker sleeps between cycles.",
 							NULL,
@@ -131,6 +127,24 @@ define_settings(void)
 							10 * 60, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
+}
+
+/*
+ * Define the settings that only the postmaster reads.  A PGC_POSTMASTER
+ * setting cannot be defined after start-up (that is a FATAL error), so
+ * this runs only while shared_preload_libraries is processed, as in
+ * contrib/pg_prewarm and worker_spi.
+ */
+static void
+define_postmaster_settings(void)
+{
+	DefineCustomStringVariable("idempotency.database",
+							   "Comma-separated list of databases the background worker serves.",
+							   "Takes effect at server start; use idem_launch_worker() for another database without a restart.",
+							   &idem_worker_databases,
+							   "postgres",
+							   PGC_POSTMASTER, 0,
+							   NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
 }

@@ -1,0 +1,102 @@
+--
+-- The background worker's two passes, run from SQL: idem_expire_leases()
+-- and idem_cleanup().  No worker serves this database, so nothing changes
+-- behind the test's back.
+--
+
+-- The passes look at the whole table: start from an empty one.
+TRUNCATE idem_records;
+
+-- A helper that inserts processing records the way a claim would.
+CREATE FUNCTION pg_temp.add(prefix text, n int, policy text, lease interval,
+                            ttl interval DEFAULT '1 day')
+RETURNS void LANGUAGE sql AS $$
+  INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state,
+      attempt, on_lease_expiry, ttl, locked_until, created_at, claimed_at,
+      updated_at, expires_at)
+  SELECT '', 'app', 'op', prefix || i, sha256(''), 'processing', 1,
+      policy::idem_lease_policy, ttl, now() + lease + i * interval '1 second',
+      now() - interval '2 hours',
+      now() - interval '2 hours', now() - interval '2 hours', now() + ttl
+    FROM generate_series(1, n) i
+$$;
+
+-- Bad arguments raise; NULL means the server setting.
+SELECT idem_expire_leases(max_rows => 0);
+SELECT idem_cleanup(batch_size => -1);
+SELECT idem_cleanup(max_batches => 0);
+SELECT idem_expire_leases(NULL) AS expired, idem_cleanup(NULL, NULL) AS deleted;
+
+--
+-- Lease expiry.  Three leases ended with policy unknown, two with policy
+-- retry; one lease is still live.
+--
+SELECT pg_temp.add('lease-u-', 3, 'unknown', '-3 minutes');
+SELECT pg_temp.add('lease-r-', 2, 'retry', '-1 minute');
+SELECT pg_temp.add('live-', 1, 'unknown', '1 hour');
+
+-- At most max_rows per call, the oldest lease first.
+SELECT idem_expire_leases(max_rows => 2) AS expired;
+SELECT key, state FROM idem_records WHERE state <> 'processing' ORDER BY key;
+SELECT idem_expire_leases() AS expired;
+SELECT idem_expire_leases() AS expired;
+
+-- Only state, updated_at and expires_at (= updated_at + ttl) changed.
+SELECT key, state, attempt,
+       updated_at > claimed_at AS updated,
+       expires_at = updated_at + ttl AS expires_after_ttl,
+       locked_until < claimed_at AS lease_kept
+  FROM idem_records ORDER BY key;
+
+--
+-- Cleanup.  Terminal records that expired an hour ago go; one that expired
+-- a minute ago stays (idempotency.cleanup_grace is 10min), so do a
+-- terminal record not expired yet, the unknown and retryable records just
+-- made (their ttl runs from the lease expiry) and the live lease.
+--
+SELECT pg_temp.add('done-', 5, 'unknown', '1 hour');
+SELECT pg_temp.add('failed-', 1, 'unknown', '1 hour');
+SELECT pg_temp.add('recent-', 1, 'unknown', '1 hour');
+SELECT pg_temp.add('fresh-', 1, 'unknown', '1 hour');
+UPDATE idem_records SET state = 'succeeded', response_status = 200, completed_at = now()
+ WHERE key ~ '^(done|recent|fresh)-';
+UPDATE idem_records SET state = 'failed', response_status = 422, completed_at = now()
+ WHERE key ~ '^failed-';
+UPDATE idem_records SET expires_at = now() - interval '1 hour'
+ WHERE key ~ '^(done|failed)-';
+UPDATE idem_records SET expires_at = now() - interval '1 minute'
+ WHERE key ~ '^recent-';
+
+-- Batches of 2, at most 2 of them: 4 rows, oldest expiry first.
+SELECT idem_cleanup(batch_size => 2, max_batches => 2) AS deleted;
+-- The settings: the remaining 2.
+SELECT idem_cleanup() AS deleted;
+SELECT idem_cleanup() AS deleted;
+SELECT key, state FROM idem_records ORDER BY key;
+
+-- The cleanup statement: one run of the sub-select over the partial index,
+-- locking with SKIP LOCKED, then primary key lookups.
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF)
+DELETE FROM public.idem_records AS r
+ WHERE r.id = ANY (ARRAY(SELECT c.id FROM public.idem_records AS c
+                          WHERE c.state IN ('succeeded', 'failed', 'retryable')
+                            AND c.expires_at < now()
+                          ORDER BY c.expires_at
+                          LIMIT 1000
+                          FOR UPDATE SKIP LOCKED));
+RESET enable_seqscan;
+
+--
+-- No worker serves this database; only superusers (and roles granted
+-- EXECUTE) may run the passes or start and inspect workers.
+--
+SELECT count(*) AS workers FROM idem_worker_status()
+ WHERE database = current_database();
+SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_may_run
+  FROM pg_proc p
+ WHERE p.proname IN ('idem_expire_leases', 'idem_cleanup', 'idem_launch_worker',
+                     'idem_worker_status')
+ ORDER BY 1;
+
+TRUNCATE idem_records;

@@ -1,0 +1,32 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker_status.h
+ *	  Shared-memory status of the idempotency background workers: one slot
+ *	  per database, read by idem_worker_status().
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_WORKER_STATUS_H
+#define IDEM_WORKER_STATUS_H
+
+#include "datatype/timestamp.h"
+
+/* What one cycle (or one batch of it) changed, added to the counters. */
+typedef struct IdemWorkerProgress
+{
+	int64		rows_expired;	/* leases moved to unknown or retryable */
+	int64		rows_deleted;	/* expired records deleted */
+	int64		cleanup_batches;	/* cleanup transactions that deleted rows */
+} IdemWorkerProgress;
+
+extern void idem_status_install_hooks(void);
+extern void idem_status_attach(void);
+
+extern bool idem_status_claim(Oid dboid, int *other_pid);
+extern void idem_status_release(void);
+extern int	idem_status_running_pid(Oid dboid);
+extern void idem_status_add_progress(const IdemWorkerProgress *progress);
+extern void idem_status_end_cycle(void);
+extern void idem_status_set_error(const char *message);
+
+#endif							/* IDEM_WORKER_STATUS_H */

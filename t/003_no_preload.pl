@@ -1,0 +1,57 @@
+# Without shared_preload_libraries: no launcher, the SQL passes work, and
+# idem_launch_worker() still starts a worker for the current database.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('no_preload');
+$node->init;
+$node->append_conf('postgresql.conf', "idempotency.naptime = '100ms'");
+$node->start;
+
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'idempotency%'"
+	),
+	'0',
+	'no launcher or worker runs without the preload');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM idem_worker_status()'),
+	'0', 'idem_worker_status() is empty');
+
+my $insert = q{
+INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state,
+    attempt, on_lease_expiry, ttl, locked_until, created_at, claimed_at,
+    updated_at, expires_at)
+VALUES ('', 'app', 'op', 'KEY', sha256(''), 'processing', 1, 'retry', '1 day',
+    now() - interval '1 minute', now(), now(), now(), now() + interval '1 day');
+};
+(my $sql = $insert) =~ s/KEY/by-sql/;
+$node->safe_psql('postgres', $sql);
+is($node->safe_psql('postgres', 'SELECT idem_expire_leases()'),
+	'1', 'idem_expire_leases() works from SQL');
+
+my $pid = $node->safe_psql('postgres', 'SELECT idem_launch_worker()');
+like($pid, qr/^\d+$/, 'idem_launch_worker() starts a worker');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT backend_type FROM pg_stat_activity WHERE pid = $pid"),
+	'idempotency worker',
+	'the worker runs');
+
+($sql = $insert) =~ s/KEY/by-worker/;
+$node->safe_psql('postgres', $sql);
+ok( $node->poll_query_until(
+		'postgres',
+		"SELECT state = 'retryable' FROM idem_records WHERE key = 'by-worker'"),
+	'the launched worker expires leases');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT pid = $pid AND rows_expired = 1 FROM idem_worker_status()"),
+	't',
+	'idem_worker_status() shows it');
+
+$node->stop;
+done_testing();
