@@ -48,3 +48,27 @@ SELECT outcome, http_status, body
 \echo
 \echo '== 5. The records, per operation and state.'
 SELECT operation, state, records FROM idem_stats ORDER BY state;
+
+\echo
+\echo '== 6. A process claims a key and dies without completing (lease 1s).'
+\echo '==    The background worker notices the ended lease and marks the outcome unknown.'
+\set QUIET on
+SELECT token AS token3
+  FROM idem_claim('payments.create', 'dead01', '{"amount": 7}', lease => '1 second') \gset
+DO $$
+BEGIN
+  FOR i IN 1..300 LOOP
+    EXIT WHEN (SELECT state FROM idem_records WHERE key = 'dead01') = 'unknown';
+    PERFORM pg_sleep(0.1);
+  END LOOP;
+END $$;
+\set QUIET off
+SELECT key, state, attempt FROM idem_records WHERE key = 'dead01';
+SELECT outcome, http_status, error_code
+  FROM idem_claim('payments.create', 'dead01', '{"amount": 7}');
+
+\echo
+\echo '== 7. The worker of this database.'
+SELECT database, pid IS NOT NULL AS running, cycles > 0 AS has_cycled,
+       rows_expired, rows_deleted, last_error
+  FROM idem_worker_status();
