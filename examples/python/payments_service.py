@@ -222,9 +222,9 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, fmt, *args):
-        if self.server.verbose:
-            super().log_message(fmt, *args)
+    def log_request(self, code="-", size="-"):
+        if self.server.verbose:  # errors are logged whatever --quiet says
+            super().log_request(code, size)
 
 
 class Server(ThreadingHTTPServer):
