@@ -154,7 +154,8 @@ def payments_for(db, key):
 
 def wait_for_claim_lock(db, timeout=20.0):
     """True once a claim holds its key lock (README, "Locks"): the first
-    request has claimed and is inside its handler."""
+    request has claimed and is inside its handler.  Any claim in the
+    database counts: this test must be the only client of its database."""
     deadline = time.monotonic() + timeout
     with db.cursor() as cur:
         while time.monotonic() < deadline:

@@ -123,7 +123,8 @@ async function paymentsFor(key) {
 }
 
 // True once a claim holds its key lock (README, "Locks"): the first request
-// has claimed and is inside its handler.
+// has claimed and is inside its handler.  Any claim in the database counts:
+// this test must be the only client of its database.
 async function waitForClaimLock(ms) {
   const deadline = Date.now() + ms;
   while (Date.now() < deadline) {
