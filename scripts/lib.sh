@@ -15,6 +15,11 @@ export PG_CONFIG
 
 IDEM_PACKAGES="make gcc libc6-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl"
 
+# What the example clients (examples/python, examples/node) need: Debian's
+# psycopg2 for Debian's python3, and node with npm (any that is on PATH, else
+# Debian's nodejs and npm).
+IDEM_CLIENT_PACKAGES="python3 python3-psycopg2"
+
 log() { printf '==> %s\n' "$*" >&2; }
 
 # Run a command as root: directly when we are root, else through sudo.
@@ -36,11 +41,12 @@ as_postgres() {
     fi
 }
 
-# Install the Debian packages that are missing.
+# Install the Debian packages that are missing: those of $IDEM_PACKAGES, or
+# of the list given as arguments.
 install_packages() {
     local missing=()
     local p
-    for p in $IDEM_PACKAGES; do
+    for p in ${*:-$IDEM_PACKAGES}; do
         if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
             missing+=("$p")
         fi
@@ -51,6 +57,16 @@ install_packages() {
         as_root env DEBIAN_FRONTEND=noninteractive \
             apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
+}
+
+# Install what the example clients need and is missing.  node and npm may
+# come from elsewhere (NodeSource, nvm): only when a command is missing is
+# Debian's package installed.
+install_client_packages() {
+    local pkgs=$IDEM_CLIENT_PACKAGES
+    command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
+    command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
+    install_packages $pkgs
 }
 
 # Build and install the extension into the PostgreSQL of $PG_CONFIG.
@@ -68,7 +84,8 @@ make_workdir() {
     IDEM_TMP=$(mktemp -d "${TMPDIR:-/tmp}/idempotency.XXXXXX")
     mkdir "$IDEM_TMP/src"
     tar -C "$IDEM_ROOT" --exclude=.git --exclude=results --exclude=output_iso \
-        --exclude=tmp_check -cf - . | tar -C "$IDEM_TMP/src" -xf -
+        --exclude=tmp_check --exclude=node_modules --exclude=__pycache__ \
+        -cf - . | tar -C "$IDEM_TMP/src" -xf -
     as_root chown -R postgres: "$IDEM_TMP"
     chmod 755 "$IDEM_TMP"
 }
@@ -111,10 +128,32 @@ start_cluster() {
         || { cat "$IDEM_TMP/server.log"; return 1; }
 }
 
+# Run a command in a process group of its own, recorded in the file
+# $IDEM_GROUPS, so that stop_groups can end whatever it leaves running (the
+# example services), whatever happens.
+in_own_group() {
+    setsid bash -c 'echo $$ >>"$0"; exec "$@"' "${IDEM_GROUPS:?}" "$@"
+}
+
+# End what is left of the process groups in_own_group started.
+stop_groups() {
+    local g left=()
+    [ -n "${IDEM_GROUPS:-}" ] && [ -s "$IDEM_GROUPS" ] || return 0
+    for g in $(cat "$IDEM_GROUPS"); do
+        if kill -TERM -- "-$g" 2>/dev/null; then left+=("$g"); fi
+    done
+    if [ ${#left[@]} -gt 0 ]; then
+        sleep 1
+        for g in "${left[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
+    fi
+    : >"$IDEM_GROUPS"
+}
+
 # Stop the cluster and remove the temporary folder.  Installed as an EXIT
 # trap, so it runs whatever happened before.
 cleanup() {
     local status=$?
+    stop_groups
     if [ -n "${IDEM_CLUSTER_STARTED:-}" ]; then
         as_postgres "$("$PG_CONFIG" --bindir)/pg_ctl" -D "$IDEM_TMP/data" -m fast -w stop >/dev/null 2>&1 || true
     fi

@@ -3,14 +3,16 @@
 #
 # Installs what is missing from Debian's packages, builds and installs the
 # extension, starts a throwaway cluster with the library preloaded, runs the
-# pg_regress (sql/), isolation (specs/) and TAP (t/) suites, stops the
-# cluster whatever happens, and exits non-zero on any failure with the diffs
-# printed.  Works as root or as a user with sudo.
+# pg_regress (sql/), isolation (specs/) and TAP (t/) suites and the
+# end-to-end tests of the example clients (examples/python, examples/node),
+# stops the services and the cluster whatever happens, and exits non-zero on
+# any failure with the diffs printed.  Works as root or as a user with sudo.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 trap cleanup EXIT
 install_packages
+install_client_packages
 build_and_install
 make_workdir
 # The worker serves "postgres" only, so that it never touches the records
@@ -42,6 +44,59 @@ run_suite() {
 run_suite regress ISOLATION= TAP_TESTS=
 run_suite isolation REGRESS= TAP_TESTS=
 run_suite tap REGRESS= ISOLATION=
+
+# The example clients: each test starts its HTTP service on 127.0.0.1 and
+# sends it real requests.  They run as the invoking user, from a copy of
+# examples/ of their own, in a process group that is ended afterwards, with a
+# time limit; the services connect over TCP as the role idem_app.
+clients_dir=$IDEM_TMP/clients
+IDEM_GROUPS=$clients_dir/groups
+client_env=(PGHOST=127.0.0.1 PGPORT="$PGPORT" PGDATABASE=idem_examples PGUSER=idem_app)
+
+# Called as an if condition, where set -e does not apply: every step says
+# whether it failed.
+setup_clients() {
+    local bindir
+    bindir=$("$PG_CONFIG" --bindir)
+    as_root install -d -o "$(id -u)" -g "$(id -g)" "$clients_dir" || return
+    tar -C "$IDEM_ROOT/examples" --exclude=node_modules --exclude=__pycache__ -cf - . \
+        | tar -C "$clients_dir" -xf - || return
+    as_postgres "$bindir/createdb" idem_examples || return
+    as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d idem_examples \
+        -f "$IDEM_TMP/src/examples/schema.sql" || return
+    log "npm ci (examples/node)"
+    (cd "$clients_dir/node" && timeout 600 npm ci --no-audit --no-fund --loglevel=error) || return
+}
+
+# run_client NAME DIR COMMAND...: counts the "N passed, N failed" line of
+# the Python test or the "# pass N" / "# fail N" lines of node's TAP output.
+run_client() {
+    local name=$1 dir=$2 out=$IDEM_TMP/$1.out p f status=0
+    shift 2
+    log "suite: $name"
+    (cd "$dir" && in_own_group timeout -k 10 300 env "${client_env[@]}" "$@") 2>&1 \
+        | tee "$out" || status=$?
+    stop_groups
+    p=$(sed -nE 's/^([0-9]+) passed, [0-9]+ failed$/\1/p; s/^# pass ([0-9]+)$/\1/p' "$out" | tail -n 1)
+    f=$(sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p; s/^# fail ([0-9]+)$/\1/p' "$out" | tail -n 1)
+    passed=$((passed + ${p:-0}))
+    if [ "$status" -ne 0 ] || [ "${f:-1}" -ne 0 ]; then
+        failed_suites+=("$name")
+        # a run that failed without saying so counts as one failure
+        failed=$((failed + (${f:-0} > 0 ? ${f:-0} : 1)))
+    fi
+}
+
+if setup_clients; then
+    run_client clients-python "$clients_dir/python" \
+        /usr/bin/python3 -u test_payments_service.py
+    run_client clients-node "$clients_dir/node" \
+        node --test --test-reporter=tap test/payments.test.js
+else
+    log "setting up the example clients failed"
+    failed_suites+=(clients)
+    failed=$((failed + 1))
+fi
 
 if [ ${#failed_suites[@]} -gt 0 ]; then
     for f in regression.diffs output_iso/regression.diffs; do
