@@ -161,7 +161,7 @@ cleanup() {
         if [ "$status" -ne 0 ] || [ -n "${KEEP_TMP:-}" ]; then
             log "kept $IDEM_TMP (server log: $IDEM_TMP/server.log)"
         else
-            rm -rf "$IDEM_TMP"
+            as_root rm -rf "$IDEM_TMP"
         fi
     fi
     exit "$status"
