@@ -36,7 +36,7 @@
 #include "common/cryptohash.h"
 #include "fmgr.h"
 #include "miscadmin.h"
-#include "utils/builtins.h"
+#include "port/pg_bswap.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/numeric.h"
@@ -75,6 +75,7 @@ typedef struct CanonSink
  */
 typedef struct CanonMember
 {
+	uint64		prefix;			/* see member_name_prefix */
 	const char *key;
 	uint32		keylen;
 	uint32		valoff;
@@ -112,38 +113,76 @@ static void push_container(CanonWalk *walk, CanonSink *sink,
 static void write_scalar(CanonSink *sink, JEntry entry, char *base,
 						 uint32 offset, uint32 length);
 static void write_string(CanonSink *sink, const char *s, uint32 len);
+static char *numeric_digits(Numeric num, char *localbuf, int localsize,
+							int *ndigits, int *point, bool *negative);
 static void write_number(CanonSink *sink, Numeric num);
 static void sink_flush(CanonSink *sink);
 static void sink_reserve(CanonSink *sink, Size need);
 
 /*
- * Compare two member names by UTF-16 code units.
+ * Map a byte of UTF-8 so that byte order becomes UTF-16 code unit order.
  *
  * Byte order of UTF-8 is code point order.  It differs from UTF-16 order
- * only when one character is outside the BMP (UTF-8 lead byte 0xF0-0xF4,
- * UTF-16 surrogates 0xD800-0xDFFF) and the other is in U+E000-U+FFFF (lead
- * byte 0xEE or 0xEF): UTF-16 puts the former first.  The first differing
- * byte is either a lead byte in both names or a continuation byte in both
- * (the names agree up to there, and so on the character's lead byte, which
- * fixes its length and UTF-16 class), so looking at that byte is enough.
+ * only between characters outside the BMP (lead byte 0xF0-0xF4; in UTF-16,
+ * surrogates 0xD800-0xDFFF) and characters in U+E000-U+FFFF (lead byte 0xEE
+ * or 0xEF), which UTF-16 puts after them.  Moving 0xF0-0xF4 down to
+ * 0xEE-0xF2 and 0xEE-0xEF up to 0xF3-0xF4 fixes exactly that and keeps
+ * every other order.  Where two names first differ, the bytes are either
+ * lead bytes in both or continuation bytes (below 0xC0, unchanged) in both,
+ * since the names agree up to there, so comparing mapped bytes compares
+ * the characters' UTF-16 forms.
+ */
+static inline unsigned char
+utf16_order_byte(unsigned char c)
+{
+	if (c < 0xEE || c > 0xF4)
+		return c;
+	return c >= 0xF0 ? c - 2 : c + 5;
+}
+
+/*
+ * The first 8 bytes of a member name, mapped with utf16_order_byte, as a
+ * big-endian integer padded with zeros (jsonb strings hold no NUL), so that
+ * most comparisons while sorting are one integer comparison.
+ */
+static inline uint64
+member_name_prefix(const char *key, uint32 keylen)
+{
+	uint64		word = 0;
+
+	memcpy(&word, key, Min(keylen, sizeof(uint64)));
+	if (word & UINT64CONST(0x8080808080808080))
+	{
+		unsigned char *b = (unsigned char *) &word;
+		int			i;
+
+		for (i = 0; i < (int) sizeof(uint64); i++)
+			b[i] = utf16_order_byte(b[i]);
+	}
+	return pg_ntoh64(word);
+}
+
+/*
+ * Compare two member names by UTF-16 code units: by their prefixes, then
+ * by the rest of their mapped bytes, then by length.
  */
 static inline int
 compare_member_names(const CanonMember *a, const CanonMember *b)
 {
-	uint32		minlen = Min(a->keylen, b->keylen);
+	uint32		minlen;
 	uint32		i;
 
-	for (i = 0; i < minlen; i++)
+	if (a->prefix != b->prefix)
+		return a->prefix < b->prefix ? -1 : 1;
+
+	minlen = Min(a->keylen, b->keylen);
+	for (i = sizeof(uint64); i < minlen; i++)
 	{
 		unsigned char ca = (unsigned char) a->key[i];
 		unsigned char cb = (unsigned char) b->key[i];
 
 		if (ca != cb)
-		{
-			if (ca >= 0xEE && cb >= 0xEE && ((ca >= 0xF0) != (cb >= 0xF0)))
-				return ca >= 0xF0 ? -1 : 1;
-			return ca < cb ? -1 : 1;
-		}
+			return utf16_order_byte(ca) < utf16_order_byte(cb) ? -1 : 1;
 	}
 	if (a->keylen == b->keylen)
 		return 0;
@@ -172,6 +211,29 @@ static const char escape_table[256] = {
 	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '\\', 0, 0, 0,
 	/* the rest is zero */
 };
+
+/*
+ * The stored form of a numeric, as src/backend/utils/adt/numeric.c defines
+ * it (it exports no accessor for the digits).  Data files and pg_upgrade
+ * depend on this layout, so it is as stable as the on-disk format itself;
+ * the regression tests check every branch against known texts.
+ *
+ * After the varlena header comes a uint16 whose top two bits give the form:
+ * 00 positive and 01 negative (long form: uint16 sign and display scale,
+ * then int16 weight), 10 short form (sign in bit 0x2000, display scale,
+ * weight in the low 7 bits with 0x0040 as its sign), 11 NaN or infinity.
+ * Then come the base-10000 digits as int16, most significant first: the
+ * value is the sum of digit[i] * 10000^(weight - i).
+ */
+#define CANON_NUMERIC_FORM_MASK			0xC000
+#define CANON_NUMERIC_NEG				0x4000
+#define CANON_NUMERIC_SHORT				0x8000
+#define CANON_NUMERIC_SPECIAL			0xC000
+#define CANON_NUMERIC_SHORT_SIGN		0x2000
+#define CANON_NUMERIC_SHORT_WEIGHT_SIGN	0x0040
+#define CANON_NUMERIC_SHORT_WEIGHT_MASK	0x003F
+#define CANON_NBASE						10000
+#define CANON_DEC_DIGITS				4
 
 /* ---------------------------------------------------------------------
  * SQL-callable functions
@@ -526,6 +588,8 @@ push_container(CanonWalk *walk, CanonSink *sink, JsonbContainer *jc)
 			JBE_ADVANCE_OFFSET(offset, jc->children[i]);
 			members[i].key = frame->base + start;
 			members[i].keylen = offset - start;
+			members[i].prefix = member_name_prefix(members[i].key,
+												   members[i].keylen);
 		}
 		for (i = 0; i < count; i++)
 		{
@@ -575,6 +639,26 @@ write_scalar(CanonSink *sink, JEntry entry, char *base, uint32 offset,
 }
 
 /*
+ * Does any of the 8 bytes of word need an escape: a control character
+ * (below 0x20), '"' or '\\'?  The classic bit tricks (Hacker's Delight,
+ * "find a byte in a word"): for each byte b, (b - k) & ~b & 0x80 is set for
+ * some byte exactly when some b < k; XOR with a repeated byte turns "equal"
+ * into "zero", that is "below 1".
+ */
+static inline bool
+word_needs_escape(uint64 word)
+{
+	const uint64 ones = UINT64CONST(0x0101010101010101);
+	const uint64 highs = UINT64CONST(0x8080808080808080);
+	uint64		quote = word ^ (ones * '"');
+	uint64		backslash = word ^ (ones * '\\');
+
+	return (((word - ones * 0x20) & ~word) |
+			((quote - ones) & ~quote) |
+			((backslash - ones) & ~backslash)) & highs;
+}
+
+/*
  * Write a JSON string (s is UTF-8, unescaped, as jsonb stores it) with
  * RFC 8785 escaping: \b \t \n \f \r \" \\, \u00xx in lower-case hex for the
  * other control characters, everything else as is.  Runs of bytes that need
@@ -585,16 +669,34 @@ write_string(CanonSink *sink, const char *s, uint32 len)
 {
 	static const char hex[] = "0123456789abcdef";
 	uint32		run = 0;
-	uint32		i;
+	uint32		i = 0;
 
 	sink_putc(sink, '"');
-	for (i = 0; i < len; i++)
+	while (i < len)
 	{
-		unsigned char c = (unsigned char) s[i];
-		char		esc = escape_table[c];
+		unsigned char c;
+		char		esc;
 
+		/* Skip 8 bytes at a time while none of them needs an escape. */
+		if (i + sizeof(uint64) <= len)
+		{
+			uint64		word;
+
+			memcpy(&word, s + i, sizeof(uint64));
+			if (!word_needs_escape(word))
+			{
+				i += sizeof(uint64);
+				continue;
+			}
+		}
+
+		c = (unsigned char) s[i];
+		esc = escape_table[c];
 		if (likely(esc == 0))
+		{
+			i++;
 			continue;
+		}
 
 		if (i > run)
 			sink_write(sink, s + run, i - run);
@@ -612,6 +714,7 @@ write_string(CanonSink *sink, const char *s, uint32 len)
 		}
 		else
 			sink->buf[sink->len++] = esc;
+		i++;
 	}
 	if (len > run)
 		sink_write(sink, s + run, len - run);
@@ -634,23 +737,77 @@ write_zeros(CanonSink *sink, int count)
 }
 
 /*
- * Append the digits of the significant part of a number, from digit index
- * first to digit index last (both counted without the decimal point, which
- * numeric_out puts at index point of str).
+ * The decimal digits of a numeric, read from its stored form: writes
+ * 4 * (base-10000 digits) characters '0'-'9' to localbuf if they fit, else
+ * to a palloc'd buffer, and returns the buffer.  *ndigits gets their count,
+ * *point the index of the decimal point among them (it may lie before the
+ * first or after the last: the missing digits are zeros), *negative the
+ * sign.  NaN and infinities, which JSON cannot express, raise an error.
  */
-static void
-write_digits(CanonSink *sink, const char *digits, int point, int from, int to)
+static char *
+numeric_digits(Numeric num, char *localbuf, int localsize,
+			   int *ndigits, int *point, bool *negative)
 {
-	/* digits[] has the point at position point: skip it */
-	if (from < point)
-	{
-		int			end = Min(to, point);
+	const char *data = VARDATA_ANY(num);
+	Size		size = VARSIZE_ANY_EXHDR(num);
+	uint16		header;
+	int			weight;
+	Size		hdrsize;
+	int			nbase;
+	char	   *buf;
+	char	   *out;
+	int			i;
 
-		sink_write(sink, digits + from, end - from);
-		from = end;
+	memcpy(&header, data, sizeof(uint16));
+	switch (header & CANON_NUMERIC_FORM_MASK)
+	{
+		case CANON_NUMERIC_SPECIAL:
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("cannot canonicalize a jsonb number that is NaN or infinite"),
+					 errdetail("JSON has no NaN or infinite numbers.")));
+			break;
+		case CANON_NUMERIC_SHORT:
+			*negative = (header & CANON_NUMERIC_SHORT_SIGN) != 0;
+			weight = (header & CANON_NUMERIC_SHORT_WEIGHT_MASK);
+			if (header & CANON_NUMERIC_SHORT_WEIGHT_SIGN)
+				weight |= ~CANON_NUMERIC_SHORT_WEIGHT_MASK;
+			hdrsize = sizeof(uint16);
+			break;
+		default:
+			{
+				int16		w;
+
+				*negative = (header & CANON_NUMERIC_FORM_MASK) == CANON_NUMERIC_NEG;
+				memcpy(&w, data + sizeof(uint16), sizeof(int16));
+				weight = w;
+				hdrsize = sizeof(uint16) + sizeof(int16);
+			}
+			break;
 	}
-	if (from < to)
-		sink_write(sink, digits + from + 1, to - from);
+	if (unlikely(size < hdrsize))
+		elog(ERROR, "invalid numeric in jsonb: %zu bytes", size);
+
+	nbase = (size - hdrsize) / sizeof(int16);
+	buf = (nbase * CANON_DEC_DIGITS <= localsize) ? localbuf :
+		palloc(nbase * CANON_DEC_DIGITS);
+	out = buf;
+	for (i = 0; i < nbase; i++)
+	{
+		int16		d;
+
+		memcpy(&d, data + hdrsize + i * sizeof(int16), sizeof(int16));
+		if (unlikely(d < 0 || d >= CANON_NBASE))
+			elog(ERROR, "invalid numeric digit in jsonb: %d", d);
+		out[0] = '0' + d / 1000;
+		out[1] = '0' + (d / 100) % 10;
+		out[2] = '0' + (d / 10) % 10;
+		out[3] = '0' + d % 10;
+		out += CANON_DEC_DIGITS;
+	}
+	*ndigits = nbase * CANON_DEC_DIGITS;
+	*point = (weight + 1) * CANON_DEC_DIGITS;
+	return buf;
 }
 
 /*
@@ -665,109 +822,77 @@ write_digits(CanonSink *sink, const char *digits, int point, int from, int to)
  *	 -6 < n <= 0	"0.", -n zeros, the digits
  *	 otherwise		d[.ddd]e+|-(n-1)
  * Zero (and so negative zero, which numeric cannot even hold) is "0".
+ *
+ * The digits are read from the numeric's stored form (see numeric_digits)
+ * rather than through numeric_out, which would build, and make us parse, a
+ * plain-notation string of up to 150,000 characters for every number.
  */
 static void
 write_number(CanonSink *sink, Numeric num)
 {
-	char	   *str;
-	const char *p;
-	const char *digits;
-	int			ndigits;		/* characters in digits, point included */
-	int			point;			/* index of the point in digits, or ndigits */
-	int			first;			/* index of the first non-zero digit */
-	int			last;			/* index after the last non-zero digit */
+	char		localbuf[64];
+	char	   *digits;
+	int			ndigits;
+	int			point;
+	bool		negative;
+	int			first;
+	int			last;
 	int			n;
 	int			k;
-	bool		negative;
-	int			i;
 
-	/*
-	 * numeric_out writes the exact value in plain notation: "-", integer
-	 * digits, and ".fraction" when the scale is positive.
-	 */
-	str = DatumGetCString(DirectFunctionCall1(numeric_out,
-											  NumericGetDatum(num)));
-	p = str;
-	negative = (*p == '-');
-	if (negative)
-		p++;
-	if (unlikely(*p < '0' || *p > '9'))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("cannot canonicalize jsonb number \"%s\"", str),
-				 errdetail("JSON has no NaN or infinite numbers.")));
+	digits = numeric_digits(num, localbuf, sizeof(localbuf),
+							&ndigits, &point, &negative);
 
-	digits = p;
-	ndigits = strlen(digits);
-	point = ndigits;
-	for (i = 0; i < ndigits; i++)
-	{
-		if (digits[i] == '.')
-		{
-			point = i;
-			break;
-		}
-	}
-
-	/* Positions below count digits only, the point left out. */
-	first = -1;
-	last = 0;
-	for (i = 0; i < ndigits; i++)
-	{
-		int			pos = i < point ? i : i - 1;
-
-		if (i == point || digits[i] == '0')
-			continue;
-		if (first < 0)
-			first = pos;
-		last = pos + 1;
-	}
-
-	if (first < 0)
+	/* s is digits[first..last), the decimal point is at index point */
+	for (first = 0; first < ndigits && digits[first] == '0'; first++)
+		;
+	if (first == ndigits)
 	{
 		/* zero, whatever its scale or sign */
 		sink_putc(sink, '0');
-		pfree(str);
 		return;
 	}
-
+	for (last = ndigits; digits[last - 1] == '0'; last--)
+		;
 	k = last - first;
-	n = point - first;			/* digits before the point, from the first */
+	n = point - first;
 
 	if (negative)
 		sink_putc(sink, '-');
 
 	if (k <= n && n <= 21)
 	{
-		write_digits(sink, digits, point, first, last);
+		sink_write(sink, digits + first, k);
 		write_zeros(sink, n - k);
 	}
 	else if (0 < n && n <= 21)
 	{
-		write_digits(sink, digits, point, first, first + n);
+		sink_write(sink, digits + first, n);
 		sink_putc(sink, '.');
-		write_digits(sink, digits, point, first + n, last);
+		sink_write(sink, digits + first + n, k - n);
 	}
 	else if (-6 < n && n <= 0)
 	{
 		sink_write(sink, "0.", 2);
 		write_zeros(sink, -n);
-		write_digits(sink, digits, point, first, last);
+		sink_write(sink, digits + first, k);
 	}
 	else
 	{
 		char		expbuf[16];
 		int			explen;
 
-		write_digits(sink, digits, point, first, first + 1);
+		sink_putc(sink, digits[first]);
 		if (k > 1)
 		{
 			sink_putc(sink, '.');
-			write_digits(sink, digits, point, first + 1, last);
+			sink_write(sink, digits + first + 1, k - 1);
 		}
 		explen = snprintf(expbuf, sizeof(expbuf), "e%c%d",
 						  n - 1 >= 0 ? '+' : '-', abs(n - 1));
 		sink_write(sink, expbuf, explen);
 	}
-	pfree(str);
+
+	if (digits != localbuf)
+		pfree(digits);
 }
