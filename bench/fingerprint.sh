@@ -21,6 +21,10 @@
 # shared cost.  Prints the median transactions per second of each and the
 # ratio fingerprint/sha256 (above 1: the fingerprint is faster).
 #
+# Then, less exposed to the noise of a shared machine and to pgbench's own
+# per-transaction cost, the CPU time of one call in one backend: the median
+# of three timed loops of many calls each.
+#
 # Environment: PG_CONFIG (as scripts/test.sh), BENCH_SECONDS per pgbench
 # run (default 10), BENCH_REPEATS rounds (default 3), BENCH_CLIENTS
 # (default 4), BENCH_JOBS pgbench threads (default 2), KEEP_TMP=1.
@@ -86,6 +90,25 @@ INSERT INTO bench_docs VALUES
     ('10kb', bench_doc(45)),
     ('1mb', bench_doc(4800));
 VACUUM ANALYZE bench_docs;
+
+-- Microseconds per call of expr over the document size, timed over n calls.
+CREATE FUNCTION bench_per_call(size text, expr text, n int) RETURNS float8
+LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+BEGIN
+    EXECUTE format('SELECT count(%s) FROM bench_docs, generate_series(1, %s) WHERE name = %L',
+                   expr, n, size);
+    RETURN extract(epoch FROM clock_timestamp() - t0) * 1e6 / n;
+END;
+$$;
+
+-- The median of three bench_per_call.
+CREATE FUNCTION bench_median(size text, expr text, n int) RETURNS float8
+LANGUAGE sql AS $$
+SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY t)
+  FROM (SELECT bench_per_call(size, expr, n) AS t FROM generate_series(1, 3)) s
+$$;
 SQL
 
 psql_q -c "SELECT name, octet_length(doc::text) AS jsonb_text_bytes,
@@ -159,3 +182,20 @@ END {
         printf "| %s | %.0f | %.0f | %.2f | %.0f | %.2f | %.0f |\n", size, fp, sh, fp / sh, su, fp / su, fl
     }
 }' "$RESULTS"
+
+echo
+echo "CPU time per call in one backend (microseconds, median of 3 loops)"
+echo
+psql_q -A -F ' | ' -P footer=off <<'SQL' | sed -e 's/^/| /' -e 's/$/ |/' -e '2i| --- | ---: | ---: | ---: | ---: | ---: |'
+SELECT size AS document,
+       round(fp::numeric, 2) AS idem_fingerprint,
+       round(sh::numeric, 2) AS "sha256(doc::text::bytea)",
+       round((sh / fp)::numeric, 2) AS "speed-up",
+       round(su::numeric, 2) AS "sha256(convert_to(doc::text, 'UTF8'))",
+       round((su / fp)::numeric, 2) AS "speed-up"
+  FROM (VALUES ('1kb', 100000, 1), ('10kb', 10000, 2), ('1mb', 100, 3)) AS s(size, n, ord),
+       LATERAL (SELECT bench_median(size, 'idem_fingerprint(doc)', n) AS fp,
+                       bench_median(size, 'sha256(doc::text::bytea)', n) AS sh,
+                       bench_median(size, 'sha256(convert_to(doc::text, ''UTF8''))', n) AS su) t
+ ORDER BY ord;
+SQL

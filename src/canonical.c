@@ -26,8 +26,11 @@
  * Canonical order is by UTF-16 code units; UTF-8 byte order already equals
  * code point order, which differs from UTF-16 order only between characters
  * outside the BMP (surrogate pairs, 0xD800-0xDFFF in UTF-16) and characters
- * in U+E000-U+FFFF.  Members are re-sorted with a comparator that is a byte
- * comparison with exactly that correction.
+ * in U+E000-U+FFFF.  Members are re-sorted by their bytes mapped to correct
+ * exactly that (utf16_order_byte), the first 8 of them compared as one
+ * integer.  Strings are scanned 8 bytes at a time for bytes to escape, and
+ * numbers are formatted from the base-10000 digits of the stored numeric,
+ * without numeric_out and its allocation.
  *
  *-------------------------------------------------------------------------
  */
