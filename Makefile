@@ -14,6 +14,7 @@ TAP_TESTS = 1
 
 # Canonical JSON and fingerprint
 OBJS += src/canonical.o
+REGRESS += canonical canonical_numbers
 
 # Claims, records and the state machine
 OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \

@@ -85,6 +85,24 @@ REVOKE ALL ON idem_stats FROM PUBLIC;
 -- Canonical JSON and the request fingerprint (src/canonical.c)
 --
 
+-- RFC 8785 canonical text of a value, numbers kept exact (README).
+CREATE FUNCTION idem_canonical(value jsonb)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_canonical'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+COMMENT ON FUNCTION idem_canonical(jsonb) IS
+    'RFC 8785 canonical JSON text of a jsonb value, with numbers kept exact';
+
+-- SHA-256 of the canonical text: the request fingerprint of idem_claim.
+CREATE FUNCTION idem_fingerprint(value jsonb)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idem_fingerprint'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+COMMENT ON FUNCTION idem_fingerprint(jsonb) IS
+    'SHA-256 of idem_canonical(value) in UTF-8: the request fingerprint';
+
 
 --
 -- Claims, completion and replay (src/claim.c, src/state_machine.c)
