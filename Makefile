@@ -7,7 +7,7 @@ PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
 REGRESS = setup claim state_machine bad_input
-REGRESS_OPTS = --inputdir=$(srcdir)
+REGRESS_OPTS = --inputdir=$(srcdir) --encoding=UTF8
 ISOLATION = plain_insert_blocks claim_concurrent claim_external
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency
 TAP_TESTS = 1

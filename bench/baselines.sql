@@ -9,7 +9,10 @@
 --
 -- The peer is the same algorithm written in PL/pgSQL the way a careful user
 -- would: INSERT ... ON CONFLICT DO NOTHING RETURNING, then SELECT ... FOR
--- UPDATE, fingerprint sha256(request::text::bytea).
+-- UPDATE, fingerprint sha256(request::text::bytea).  (That fingerprint is
+-- neither canonical nor total: ::bytea rejects any request text with a
+-- backslash, i.e. a string holding a quote or a newline.  The benchmark's
+-- requests have none.)
 
 CREATE TABLE floor_records (LIKE idem_records INCLUDING ALL);
 CREATE TABLE peer_records (LIKE idem_records INCLUDING ALL);
