@@ -18,7 +18,7 @@
  *	 succeeded,  reuse once expired			   -		  -		  -			 -
  *	 failed		 (attempt 1)
  *
- * Scope, key, id and created_at never change; the fingerprint changes only
+ * Role, scope, key, id and created_at never change; the fingerprint changes only
  * when an expired record is reused for a new command.  An update that keeps
  * a finished or unknown state (an operator extending expires_at, say) is not
  * a transition and is allowed.
@@ -63,7 +63,7 @@ typedef struct GuardColumns
 {
 	Oid			relid;
 	AttrNumber	id;
-	AttrNumber	scope[4];		/* tenant, caller, operation, key */
+	AttrNumber	scope[5];		/* role, tenant, caller, operation, key */
 	AttrNumber	fingerprint;
 	AttrNumber	state;
 	AttrNumber	attempt;
@@ -247,7 +247,7 @@ idem_records_guard(PG_FUNCTION_ARGS)
 		Datum		fingerprint;
 		int			i;
 
-		for (i = 0; i < 4; i++)
+		for (i = 0; i < (int) lengthof(columns.scope); i++)
 		{
 			Datum		oldval = get_column(oldtuple, tupdesc, columns.scope[i], &oldnull);
 			Datum		newval = get_column(newtuple, tupdesc, columns.scope[i], &isnull);
@@ -323,10 +323,11 @@ find_columns(Relation rel)
 	TupleDesc	tupdesc = RelationGetDescr(rel);
 
 	columns.id = column_number(tupdesc, "id");
-	columns.scope[0] = column_number(tupdesc, "tenant");
-	columns.scope[1] = column_number(tupdesc, "caller");
-	columns.scope[2] = column_number(tupdesc, "operation");
-	columns.scope[3] = column_number(tupdesc, "key");
+	columns.scope[0] = column_number(tupdesc, "role");
+	columns.scope[1] = column_number(tupdesc, "tenant");
+	columns.scope[2] = column_number(tupdesc, "caller");
+	columns.scope[3] = column_number(tupdesc, "operation");
+	columns.scope[4] = column_number(tupdesc, "key");
 	columns.fingerprint = column_number(tupdesc, "fingerprint");
 	columns.state = column_number(tupdesc, "state");
 	columns.attempt = column_number(tupdesc, "attempt");
