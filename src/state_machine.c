@@ -18,6 +18,12 @@
  *	 succeeded,  reuse once expired			   -		  -		  -			 -
  *	 failed		 (attempt 1)
  *
+ * A record is born processing at attempt 1, except when it is loaded by a
+ * COPY FROM statement: that is how pg_restore and psql bring back dumped
+ * records, in whatever state they were dumped (only roles that may write
+ * the table, that is its owner, can run it; they could as well disable the
+ * trigger).
+ *
  * Role, scope, key, id and created_at never change; the fingerprint changes only
  * when an expired record is reused for a new command.  An update that keeps
  * a finished or unknown state (an operator extending expires_at, say) is not
@@ -31,7 +37,10 @@
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "tcop/cmdtag.h"
+#include "tcop/pquery.h"
 #include "utils/builtins.h"
+#include "utils/portal.h"
 #include "utils/rel.h"
 #include "utils/timestamp.h"
 
@@ -78,6 +87,7 @@ static void find_columns(Relation rel);
 static AttrNumber column_number(TupleDesc tupdesc, const char *name);
 static Datum get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum,
 						bool *isnull);
+static bool loading_with_copy(void);
 static bool same_bytes(Datum a, Datum b);
 static bool same_scalar(HeapTuple a, HeapTuple b, TupleDesc tupdesc,
 						AttrNumber attnum);
@@ -228,7 +238,8 @@ idem_records_guard(PG_FUNCTION_ARGS)
 
 	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 	{
-		if (new_state != IDEM_PROCESSING || new_attempt != 1)
+		if ((new_state != IDEM_PROCESSING || new_attempt != 1) &&
+			!loading_with_copy())
 			ereport(ERROR,
 					(errcode(ERRCODE_CHECK_VIOLATION),
 					 errmsg("invalid new idempotency record"),
@@ -351,6 +362,15 @@ static Datum
 get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum, bool *isnull)
 {
 	return heap_getattr(tuple, attnum, tupdesc, isnull);
+}
+
+/*
+ * Whether the row comes from a top-level COPY FROM (a restore of a dump).
+ */
+static bool
+loading_with_copy(void)
+{
+	return ActivePortal != NULL && ActivePortal->commandTag == CMDTAG_COPY;
 }
 
 /*
