@@ -8,7 +8,7 @@ PG_CPPFLAGS = -I$(srcdir)/src
 OBJS = idempotency.o
 REGRESS = setup claim state_machine bad_input security
 REGRESS_OPTS = --inputdir=$(srcdir)
-ISOLATION = plain_insert_blocks claim_concurrent claim_external
+ISOLATION = plain_insert_blocks claim_concurrent claim_external claim_roles
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency
 TAP_TESTS = 1
 

@@ -183,7 +183,7 @@ idem_check_headers(Jsonb *headers)
 					ereport(ERROR,
 							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 							 errmsg("headers must be a JSON object of strings"),
-							 errdetail("Header \"%s\" is not a string.", name)));
+							 errdetail("Header \"%s\" is not a string.", idem_clip(name, 64))));
 				break;
 			case WJB_KEY:
 				name = pnstrdup(v.val.string.val, v.val.string.len);
@@ -193,7 +193,7 @@ idem_check_headers(Jsonb *headers)
 					ereport(ERROR,
 							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 							 errmsg("headers must be a JSON object of strings"),
-							 errdetail("Header \"%s\" is not a string.", name)));
+							 errdetail("Header \"%s\" is not a string.", idem_clip(name, 64))));
 				break;
 			default:
 				break;
