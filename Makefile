@@ -6,9 +6,9 @@ DATA = idempotency--1.0.sql
 PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
-REGRESS = setup claim state_machine bad_input security
+REGRESS = setup claim state_machine bad_input
 REGRESS_OPTS = --inputdir=$(srcdir)
-ISOLATION = plain_insert_blocks claim_concurrent claim_external claim_roles
+ISOLATION = plain_insert_blocks claim_concurrent claim_external
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency
 TAP_TESTS = 1
 
@@ -18,7 +18,12 @@ OBJS += src/canonical.o
 # Claims, records and the state machine
 OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
 	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
-	src/derive.o src/security.o
+	src/derive.o
+
+# Security: role isolation, least privilege, hostile input
+OBJS += src/security.o
+REGRESS += security
+ISOLATION += claim_roles
 
 # Background worker and maintenance passes
 OBJS += src/worker.o
