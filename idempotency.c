@@ -86,20 +86,20 @@ define_settings(void)
 							PGC_USERSET, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
-	DefineCustomIntVariable("idempotency.max_key_length",
-							"Longest idempotency key accepted, in bytes.",
-							NULL,
-							&idem_max_key_length,
-							255, 1, 8192,
-							PGC_SUSET, 0,
-							NULL, NULL, NULL);
-
 	DefineCustomIntVariable("idempotency.max_response_size",
 							"Largest response stored for replay: body, headers and resource id together.",
 							"Also the limit of a recovery point.  Larger ones are refused with an error.",
 							&idem_max_response_size,
 							1024 * 1024, 1024, MaxAllocSize / 2,
 							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_key_length",
+							"Longest idempotency key accepted, in bytes.",
+							NULL,
+							&idem_max_key_length,
+							255, 1, 8192,
+							PGC_SUSET, 0,
 							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("idempotency.database",
