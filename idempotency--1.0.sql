@@ -15,15 +15,16 @@ CREATE TYPE idem_lease_policy AS ENUM ('unknown', 'retry');
 
 --
 -- One row per (role, tenant, caller, operation, key).  role is the database
--- role that called the idem_* function (current_user at the call): it is
--- filled in by the functions, never by the caller, so that two roles never
--- see each other's records.  Scope and key columns use the "C" collation:
+-- role that called the idem_* function (current_user at the call): the
+-- functions fill it in, never from an argument, so that two roles never see
+-- each other's records (a raw INSERT by the owner gets its own name).
+-- Scope and key columns use the "C" collation:
 -- keys are opaque bytes, byte comparison is the fastest, and expressions
 -- such as current_user::text carry "C" too.
 --
 CREATE TABLE idem_records (
     id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    role               text COLLATE "C" NOT NULL,
+    role               text COLLATE "C" NOT NULL DEFAULT current_user,
     tenant             text COLLATE "C" NOT NULL,
     caller             text COLLATE "C" NOT NULL,
     operation          text COLLATE "C" NOT NULL,
