@@ -21,6 +21,11 @@ OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
 	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
 	src/derive.o
 
+# Security: role isolation, least privilege, hostile input
+OBJS += src/security.o
+REGRESS += security
+ISOLATION += claim_roles
+
 # Background worker and maintenance passes
 OBJS += src/worker.o src/worker_status.o src/maintenance.o
 REGRESS += maintenance

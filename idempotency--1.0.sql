@@ -14,12 +14,17 @@ CREATE TYPE idem_state AS ENUM
 CREATE TYPE idem_lease_policy AS ENUM ('unknown', 'retry');
 
 --
--- One row per (tenant, caller, operation, key).  Scope and key columns use
--- the "C" collation: keys are opaque bytes, byte comparison is the fastest,
--- and expressions such as current_user::text carry "C" too.
+-- One row per (role, tenant, caller, operation, key).  role is the database
+-- role that called the idem_* function (current_user at the call): the
+-- functions fill it in, never from an argument, so that two roles never see
+-- each other's records (a raw INSERT by the owner gets its own name).
+-- Scope and key columns use the "C" collation:
+-- keys are opaque bytes, byte comparison is the fastest, and expressions
+-- such as current_user::text carry "C" too.
 --
 CREATE TABLE idem_records (
     id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    role               text COLLATE "C" NOT NULL DEFAULT current_user,
     tenant             text COLLATE "C" NOT NULL,
     caller             text COLLATE "C" NOT NULL,
     operation          text COLLATE "C" NOT NULL,
@@ -48,7 +53,7 @@ CREATE TABLE idem_records (
 );
 
 CREATE UNIQUE INDEX idem_records_scope_key
-    ON idem_records (tenant, caller, operation, key);
+    ON idem_records (role, tenant, caller, operation, key);
 
 -- The worker's two passes: leases to expire, finished records to delete.
 CREATE INDEX idem_records_lease
@@ -57,7 +62,7 @@ CREATE INDEX idem_records_expiry
     ON idem_records (expires_at) WHERE state IN ('succeeded', 'failed', 'retryable');
 
 COMMENT ON TABLE idem_records IS
-    'Idempotency records: one per (tenant, caller, operation, key). Change only through the idem_* functions.';
+    'Idempotency records: one per (role, tenant, caller, operation, key). Change only through the idem_* functions.';
 
 -- Records are application data: pg_dump must keep them.
 SELECT pg_catalog.pg_extension_config_dump('idem_records', '');
@@ -206,7 +211,23 @@ CREATE FUNCTION idem_resolve(
 CREATE FUNCTION idem_derive_key(key text, step text)
     RETURNS text
     AS 'MODULE_PATHNAME', 'idem_derive_key'
-    LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+-- Least privilege.  The functions that read or write records are not
+-- SECURITY DEFINER: they run the statements on idem_records as the table's
+-- owner, confined to the calling role's records.  Nobody may call them until
+-- granted EXECUTE; README.md ("Security") lists the GRANT lines.
+-- idem_derive_key reads nothing and stays callable by everyone.
+REVOKE ALL ON FUNCTION
+    idem_claim(text, text, jsonb, text, text, interval, interval, interval, text),
+    idem_complete(text, integer, jsonb, jsonb, text),
+    idem_fail(text, integer, jsonb, jsonb, boolean),
+    idem_heartbeat(text, interval),
+    idem_checkpoint(text, text),
+    idem_replay(text, text, text, text),
+    idem_resolve(bigint, text, integer, jsonb, jsonb),
+    idem_records_guard()
+    FROM PUBLIC;
 
 
 --

@@ -17,6 +17,7 @@
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/memutils.h"
 #include "utils/guc.h"
 
 #include "idempotency.h"
@@ -29,6 +30,7 @@ int			idem_default_ttl_s = 24 * 60 * 60;
 int			idem_default_lease_ms = 30 * 1000;
 int			idem_claim_wait_ms = 0;
 int			idem_max_key_length = 255;
+int			idem_max_response_size = 1024 * 1024;
 char	   *idem_worker_databases = NULL;
 int			idem_naptime_ms = 10 * 1000;
 int			idem_cleanup_batch_size = 1000;
@@ -86,6 +88,14 @@ define_settings(void)
 							&idem_claim_wait_ms,
 							0, 0, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_response_size",
+							"Largest response stored for replay: body, headers and resource id together.",
+							"Also the limit of a recovery point.  Larger ones are refused with an error.",
+							&idem_max_response_size,
+							1024 * 1024, 1024, MaxAllocSize / 2,
+							PGC_SUSET, GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.max_key_length",

@@ -8,6 +8,8 @@
 #   PG_CONFIG   pg_config of the PostgreSQL to build against
 #               (default: /usr/lib/postgresql/15/bin/pg_config)
 #   KEEP_TMP=1  keep the temporary folder (cluster, logs, results) afterwards
+#   IDEM_POSTGRES  a program pg_ctl starts instead of postgres (scripts/sanitize.sh
+#               runs the server under valgrind that way)
 
 IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
@@ -124,7 +126,8 @@ start_cluster() {
         for line in "$@"; do echo "$line"; done
     } | as_postgres tee -a "$conf" >/dev/null
     IDEM_CLUSTER_STARTED=1
-    as_postgres "$bindir/pg_ctl" -D "$IDEM_TMP/data" -l "$IDEM_TMP/server.log" -w start >/dev/null \
+    as_postgres env PGCTLTIMEOUT=600 "$bindir/pg_ctl" ${IDEM_POSTGRES:+-p "$IDEM_POSTGRES"} \
+        -D "$IDEM_TMP/data" -l "$IDEM_TMP/server.log" -w start >/dev/null \
         || { cat "$IDEM_TMP/server.log"; return 1; }
 }
 

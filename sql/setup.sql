@@ -11,8 +11,8 @@ SELECT pg_describe_object(classid, objid, objsubid) AS object
    AND deptype = 'e'
  ORDER BY 1;
 
--- Scope and key columns compare bytes ("C"), so that an expression such as
--- current_user::text can use the unique index.
+-- Role, scope and key columns compare bytes ("C"), so that an expression such
+-- as current_user::text can use the unique index.
 SELECT attname, collname
   FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
  WHERE attrelid = 'idem_records'::regclass AND attnum > 0
@@ -25,7 +25,7 @@ SELECT indexrelid::regclass AS index, indisunique AS is_unique,
 
 EXPLAIN (COSTS OFF)
 SELECT * FROM idem_records
- WHERE tenant = '' AND caller = current_user::text
+ WHERE role = current_user::text AND tenant = '' AND caller = current_user::text
    AND operation = 'payments.create' AND key = 'k1';
 
 -- The record states, in order.
@@ -37,6 +37,17 @@ SELECT extconfig::regclass[] FROM pg_extension WHERE extname = 'idempotency';
 
 -- Nobody but the owner reads the table.
 SELECT has_table_privilege('public', 'idem_records', 'SELECT') AS public_can_read;
+-- ... and nobody may call the functions that touch records until granted:
+-- only the pure functions (no record read or written) are open to PUBLIC.
+SELECT p.oid::regprocedure AS open_to_public
+  FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+   AND d.deptype = 'e'
+   AND has_function_privilege('public', p.oid, 'EXECUTE')
+   AND p.proname NOT IN ('idem_derive_key', 'idem_canonical', 'idem_fingerprint')
+ ORDER BY p.proname;
+SELECT has_function_privilege('public', 'idem_claim(text,text,jsonb,text,text,interval,interval,interval,text)',
+                              'EXECUTE') AS public_can_claim;
 
 -- The settings and their defaults.
 SELECT name, setting, unit, context FROM pg_settings

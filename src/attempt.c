@@ -12,6 +12,13 @@
  * worker that lost its lease never overwrites the outcome of the attempt
  * that replaced it.
  *
+ * A token works only for the role that claimed it: a token of another
+ * role's record gets the very same error as a token that never existed, so
+ * it tells nothing about that record.  idem_resolve settles only the
+ * calling role's records, except for operators (the owner of idem_records
+ * and superusers), who may settle any.  The statements run as the owner of
+ * idem_records (security.c).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -23,6 +30,7 @@
 
 #include "idempotency.h"
 #include "records.h"
+#include "security.h"
 #include "token.h"
 #include "validate.h"
 
@@ -34,7 +42,8 @@ PG_FUNCTION_INFO_V1(idem_resolve);
 
 static void read_token(FunctionCallInfo fcinfo, IdemToken *token);
 static void read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
-						  int headers_arg, IdemResponse *response);
+						  int headers_arg, int resource_arg,
+						  IdemResponse *response);
 static void finish_attempt(const IdemToken *token, const IdemResponse *response);
 static void raise_stale_token(const IdemToken *token) pg_attribute_noreturn();
 
@@ -49,9 +58,8 @@ idem_complete(PG_FUNCTION_ARGS)
 	IdemResponse response;
 
 	read_token(fcinfo, &token);
-	read_response(fcinfo, 1, 2, 3, &response);
+	read_response(fcinfo, 1, 2, 3, 4, &response);
 	response.state = IDEM_SUCCEEDED;
-	response.resource_id = PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4);
 	finish_attempt(&token, &response);
 	PG_RETURN_VOID();
 }
@@ -69,10 +77,9 @@ idem_fail(PG_FUNCTION_ARGS)
 	IdemResponse response;
 
 	read_token(fcinfo, &token);
-	read_response(fcinfo, 1, 2, 3, &response);
+	read_response(fcinfo, 1, 2, 3, -1, &response);
 	idem_require_arg(fcinfo, 4, "retryable");
 	response.state = PG_GETARG_BOOL(4) ? IDEM_RETRYABLE : IDEM_FAILED;
-	response.resource_id = NULL;
 	finish_attempt(&token, &response);
 	PG_RETURN_VOID();
 }
@@ -88,18 +95,22 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	int64		lease_usecs;
 	TimestampTz locked_until;
+	IdemUserContext user;
 	bool		ok;
 
 	read_token(fcinfo, &token);
 	lease_usecs = PG_ARGISNULL(1) ? (int64) idem_default_lease_ms * 1000 :
 		idem_interval_usecs(PG_GETARG_INTERVAL_P(1), "lease", false);
 	locked_until = idem_timestamp_plus(now, lease_usecs, "lease");
+	idem_require_writable("extend a lease");
 
+	idem_become_owner(&user);
 	SPI_connect();
 	ok = idem_record_extend_lease(&token, locked_until, now);
 	if (!ok)
 		raise_stale_token(&token);
 	SPI_finish();
+	idem_restore_user(&user);
 	PG_RETURN_TIMESTAMPTZ(locked_until);
 }
 
@@ -111,17 +122,23 @@ Datum
 idem_checkpoint(PG_FUNCTION_ARGS)
 {
 	IdemToken	token;
+	text	   *point;
+	IdemUserContext user;
 	bool		ok;
 
 	read_token(fcinfo, &token);
 	idem_require_arg(fcinfo, 1, "recovery_point");
+	idem_check_stored_size(PG_GETARG_DATUM(1), "recovery_point");
+	point = PG_GETARG_TEXT_PP(1);
+	idem_require_writable("record a recovery point");
 
+	idem_become_owner(&user);
 	SPI_connect();
-	ok = idem_record_set_recovery_point(&token, PG_GETARG_TEXT_PP(1),
-										GetCurrentTimestamp());
+	ok = idem_record_set_recovery_point(&token, point, GetCurrentTimestamp());
 	if (!ok)
 		raise_stale_token(&token);
 	SPI_finish();
+	idem_restore_user(&user);
 	PG_RETURN_VOID();
 }
 
@@ -137,14 +154,16 @@ idem_resolve(PG_FUNCTION_ARGS)
 	char	   *state;
 	IdemResponse response;
 	IdemRecord	rec;
+	text	   *role;
+	bool		any_role;
+	IdemUserContext user;
 	bool		ok;
 
 	idem_require_arg(fcinfo, 0, "record_id");
 	idem_require_arg(fcinfo, 1, "state");
 	id = PG_GETARG_INT64(0);
 	state = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	read_response(fcinfo, 2, 3, 4, &response);
-	response.resource_id = NULL;
+	read_response(fcinfo, 2, 3, 4, -1, &response);
 	if (strcmp(state, "succeeded") == 0)
 		response.state = IDEM_SUCCEEDED;
 	else if (strcmp(state, "failed") == 0)
@@ -154,14 +173,20 @@ idem_resolve(PG_FUNCTION_ARGS)
 	else
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid state \"%s\" for idem_resolve", state),
+				 errmsg("invalid state \"%s\" for idem_resolve", idem_clip(state, 32)),
 				 errhint("An unknown record is resolved as \"succeeded\", \"failed\" or \"retryable\".")));
+	idem_require_writable("resolve an idempotency record");
 
+	/* operators settle any role's records; others only their own */
+	role = idem_calling_role();
+	any_role = idem_calling_role_is_operator();
+
+	idem_become_owner(&user);
 	SPI_connect();
-	ok = idem_record_resolve(id, &response, GetCurrentTimestamp());
+	ok = idem_record_resolve(id, role, any_role, &response, GetCurrentTimestamp());
 	if (!ok)
 	{
-		if (!idem_record_fetch_by_id(id, &rec))
+		if (!idem_record_fetch_by_id(id, role, any_role, &rec))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_OBJECT),
 					 errmsg("idempotency record " INT64_FORMAT " does not exist", id)));
@@ -172,35 +197,42 @@ idem_resolve(PG_FUNCTION_ARGS)
 						   idem_state_name(rec.state))));
 	}
 	SPI_finish();
+	idem_restore_user(&user);
 	PG_RETURN_VOID();
 }
 
 /*
- * Parse the token of argument 0.
+ * Parse the token of argument 0; it is used by the calling role.
  */
 static void
 read_token(FunctionCallInfo fcinfo, IdemToken *token)
 {
 	idem_require_arg(fcinfo, 0, "token");
 	idem_token_parse(PG_GETARG_TEXT_PP(0), token);
+	token->role = idem_calling_role();
 }
 
 /*
  * Read and check a response: status required, body any JSON, headers an
- * object of strings.
+ * object of strings, resource id (resource_arg -1: none) any text, all of
+ * it together within idempotency.max_response_size.  The size is checked
+ * before the values are detoasted.
  */
 static void
 read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
-			  int headers_arg, IdemResponse *response)
+			  int headers_arg, int resource_arg, IdemResponse *response)
 {
 	idem_require_arg(fcinfo, status_arg, "http_status");
 	response->http_status = PG_GETARG_INT32(status_arg);
 	idem_check_http_status(response->http_status);
+	idem_check_response_size(fcinfo, body_arg, headers_arg, resource_arg);
 	response->body = PG_ARGISNULL(body_arg) ? NULL : PG_GETARG_JSONB_P(body_arg);
 	response->headers = PG_ARGISNULL(headers_arg) ? NULL :
 		PG_GETARG_JSONB_P(headers_arg);
 	if (response->headers)
 		idem_check_headers(response->headers);
+	response->resource_id = resource_arg < 0 || PG_ARGISNULL(resource_arg) ?
+		NULL : PG_GETARG_TEXT_PP(resource_arg);
 }
 
 /*
@@ -209,13 +241,18 @@ read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
 static void
 finish_attempt(const IdemToken *token, const IdemResponse *response)
 {
+	IdemUserContext user;
 	bool		ok;
 
+	idem_require_writable("store the outcome of an attempt");
+
+	idem_become_owner(&user);
 	SPI_connect();
 	ok = idem_record_finish(token, response, GetCurrentTimestamp());
 	if (!ok)
 		raise_stale_token(token);
 	SPI_finish();
+	idem_restore_user(&user);
 }
 
 /*
@@ -228,7 +265,7 @@ raise_stale_token(const IdemToken *token)
 	char	   *detail;
 	const char *hint = NULL;
 
-	if (!idem_record_fetch_by_id(token->record_id, &rec))
+	if (!idem_record_fetch_by_id(token->record_id, token->role, false, &rec))
 		detail = psprintf("Record " INT64_FORMAT " no longer exists.",
 						  token->record_id);
 	else if (rec.attempt != token->attempt)

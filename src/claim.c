@@ -24,11 +24,20 @@
  * sleeps on its latch in short, growing steps until the record changes, the
  * lease ends or its deadline passes.
  *
+ * The scope always includes the calling role (security.c), and the reads
+ * and writes run as the owner of idem_records.  On a standby or in a
+ * read-only transaction, answers that need no write still work (a claim
+ * that replays, idem_replay); a claim that needs a write raises a clear
+ * error, except that a lease found ended under policy unknown is answered
+ * unknown without marking the record.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
+#include "access/xlog.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -41,6 +50,7 @@
 #include "decision.h"
 #include "idempotency.h"
 #include "key_lock.h"
+#include "security.h"
 #include "token.h"
 #include "validate.h"
 
@@ -143,14 +153,17 @@ idem_replay(PG_FUNCTION_ARGS)
 	IdemAnswer	answer;
 	IdemDecision d;
 	TimestampTz now = GetCurrentTimestamp();
+	IdemUserContext user;
 	bool		found;
 
 	read_scope(fcinfo, 0, 1, 2, 3, &scope);
 	InitMaterializedSRF(fcinfo, 0);
 
+	idem_become_owner(&user);
 	SPI_connect();
 	found = idem_record_fetch(&scope, &rec);
 	SPI_finish();
+	idem_restore_user(&user);
 	if (!found)
 		return (Datum) 0;
 
@@ -176,8 +189,11 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 	int			step_ms = WAIT_STEP_MIN_MS;
 	TimestampTz start_time = GetCurrentTimestamp();
 	TimestampTz deadline = idem_timestamp_plus(start_time, req->wait_usecs, "wait");
+	bool		read_only = RecoveryInProgress() || XactReadOnly;
+	IdemUserContext user;
 
 	idem_key_lock_tag(&lock, &req->scope);
+	idem_become_owner(&user);
 	SPI_connect();
 
 	for (;;)
@@ -203,7 +219,23 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			break;
 		}
 
-		/* The decision needs a write: own the key first. */
+		/*
+		 * The decision needs a write.  Read-only, an ended lease is still
+		 * answered unknown (marking it is the primary's job); anything else
+		 * is refused clearly instead of failing in the INSERT or UPDATE.
+		 */
+		if (read_only)
+		{
+			if (d.action == IDEM_ACTION_MARK_UNKNOWN)
+			{
+				rec.state = IDEM_UNKNOWN;
+				answer_from_record(answer, IDEM_OUTCOME_UNKNOWN, &rec, now);
+				break;
+			}
+			idem_require_writable("claim an idempotency key");
+		}
+
+		/* Own the key first. */
 		if (!have_lock)
 		{
 			if (idem_key_lock_try(&lock))
@@ -274,6 +306,7 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 	}
 
 	SPI_finish();
+	idem_restore_user(&user);
 
 	/* A claim that ended up writing nothing keeps nobody else waiting. */
 	if (have_lock && !wrote)
@@ -391,6 +424,7 @@ read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
 	idem_require_arg(fcinfo, key_arg, "key");
 	idem_require_arg(fcinfo, tenant_arg, "tenant");
 	idem_require_arg(fcinfo, caller_arg, "caller");
+	scope->role = idem_calling_role();
 	scope->operation = PG_GETARG_TEXT_PP(operation_arg);
 	scope->key = PG_GETARG_TEXT_PP(key_arg);
 	scope->tenant = PG_GETARG_TEXT_PP(tenant_arg);

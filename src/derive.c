@@ -32,15 +32,21 @@ Datum
 idem_derive_key(PG_FUNCTION_ARGS)
 {
 	static const char domain[] = "idempotency derive_key v1";
-	text	   *key = PG_GETARG_TEXT_PP(0);
-	text	   *step = PG_GETARG_TEXT_PP(1);
+	text	   *key;
+	text	   *step;
 	uint8		digest[PG_SHA256_DIGEST_LENGTH];
 	pg_cryptohash_ctx *ctx;
 	char		out[37];
 	int			i;
 	int			o = 0;
 
+	/* not STRICT: a NULL key must not quietly give a NULL downstream key */
+	idem_require_arg(fcinfo, 0, "key");
+	idem_require_arg(fcinfo, 1, "step");
+	key = PG_GETARG_TEXT_PP(0);
+	step = PG_GETARG_TEXT_PP(1);
 	idem_check_key(key);
+	idem_check_name(step, "step", false);
 
 	ctx = pg_cryptohash_create(PG_SHA256);
 	if (pg_cryptohash_init(ctx) < 0 ||

@@ -18,6 +18,7 @@ extern int	idem_default_ttl_s;
 extern int	idem_default_lease_ms;
 extern int	idem_claim_wait_ms;
 extern int	idem_max_key_length;
+extern int	idem_max_response_size;
 extern char *idem_worker_databases;
 extern int	idem_naptime_ms;
 extern int	idem_cleanup_batch_size;

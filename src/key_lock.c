@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * key_lock.c
- *	  A transaction-scoped lock on the hash of a scope and key, taken by a
- *	  claim before it writes.
+ *	  A transaction-scoped lock on the hash of a scope and key (the calling
+ *	  role included), taken by a claim before it writes.
  *
  * A plain INSERT ... ON CONFLICT waits until the transaction that inserted
  * the same key ends.  A claim must not: with wait = 0 it answers in_progress
@@ -47,7 +47,8 @@ idem_key_lock_tag(LOCKTAG *tag, const IdemScope *scope)
 {
 	uint64		h;
 
-	h = hash_text(scope->tenant, 0);
+	h = hash_text(scope->role, 0);
+	h = hash_text(scope->tenant, h);
 	h = hash_text(scope->caller, h);
 	h = hash_text(scope->operation, h);
 	h = hash_text(scope->key, h);

@@ -11,9 +11,21 @@
  * claim never waits for another transaction's row lock: a row that is being
  * written by someone else is simply not updated.
  *
- * The plans name the table with the schema the extension lives in.  When the
- * table is replaced (DROP and CREATE EXTENSION) catalog.c hands out a new
- * generation number and the plans are prepared again.
+ * Every read and write is confined to the calling role's records (the role
+ * column, first in the unique index); only idem_resolve by an operator
+ * reaches other roles' records.
+ *
+ * The statements run as the owner of idem_records (security.c), so nothing
+ * in them may depend on search_path: the table is named with the schema the
+ * extension lives in, every operator is written OPERATOR(pg_catalog.x), and
+ * every value, enum labels included, is a typed parameter, never a literal
+ * whose type is looked up by name and never text pasted into the SQL.  A
+ * function, operator or table a user creates in another schema, or a
+ * search_path that puts it first, cannot change what these statements do;
+ * when search_path changes, the plan cache parses them again and they bind
+ * to the same objects.  When the table is replaced (DROP and CREATE
+ * EXTENSION) catalog.c hands out a new generation number and the plans are
+ * prepared again.
  *
  *-------------------------------------------------------------------------
  */
@@ -47,9 +59,18 @@ typedef enum RecordPlan
 	"on_lease_expiry, response_status, response_headers, response_body, " \
 	"resource_id, expires_at"
 
-/* Where the attempt's token must match; $1 id, $2 attempt, $3 secret. */
+/* Operators of pg_catalog, whatever the search_path says. */
+#define EQ " OPERATOR(pg_catalog.=) "
+#define LE " OPERATOR(pg_catalog.<=) "
+#define PLUS " OPERATOR(pg_catalog.+) "
+
+/*
+ * Where the attempt's token must match: $1 id, $2 attempt, $3 secret,
+ * $4 role, $5 the 'processing' label.
+ */
 #define TOKEN_MATCHES \
-	" WHERE id = $1 AND attempt = $2 AND attempt_token = $3 AND state = 'processing'"
+	" WHERE id" EQ "$1 AND attempt" EQ "$2 AND attempt_token" EQ "$3" \
+	" AND role" EQ "$4 AND state" EQ "$5"
 
 static SPIPlanPtr plans[NUM_RECORD_PLANS];
 static uint64 plans_generation = 0;
@@ -59,6 +80,8 @@ static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat);
 static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
 static bool run_token_write(RecordPlan which, const IdemToken *token,
 							Datum value, TimestampTz now);
+static void token_values(const IdemToken *token, Datum *values);
+static void token_types(Oid *types, const IdemCatalog *cat);
 static void read_record(HeapTuple tuple, TupleDesc tupdesc, IdemRecord *rec,
 						bool with_scope);
 static void *copy_out(Datum value);
@@ -71,12 +94,13 @@ static Datum nullable(void *pointer, char *null);
 bool
 idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 {
-	Datum		values[4];
+	Datum		values[5];
 
-	values[0] = PointerGetDatum(scope->tenant);
-	values[1] = PointerGetDatum(scope->caller);
-	values[2] = PointerGetDatum(scope->operation);
-	values[3] = PointerGetDatum(scope->key);
+	values[0] = PointerGetDatum(scope->role);
+	values[1] = PointerGetDatum(scope->tenant);
+	values[2] = PointerGetDatum(scope->caller);
+	values[3] = PointerGetDatum(scope->operation);
+	values[4] = PointerGetDatum(scope->key);
 	if (run_plan(PLAN_FETCH, values, NULL) == 0)
 		return false;
 	read_record(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, rec, false);
@@ -84,14 +108,18 @@ idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 }
 
 /*
- * Read a record by id, with its scope.  Returns false when there is none.
+ * Read a record of the given role by id, with its scope; any_role reads
+ * the record whatever its role (operators only).  Returns false when there
+ * is none.
  */
 bool
-idem_record_fetch_by_id(int64 id, IdemRecord *rec)
+idem_record_fetch_by_id(int64 id, text *role, bool any_role, IdemRecord *rec)
 {
-	Datum		values[1];
+	Datum		values[3];
 
 	values[0] = Int64GetDatum(id);
+	values[1] = PointerGetDatum(role);
+	values[2] = BoolGetDatum(any_role);
 	if (run_plan(PLAN_FETCH_BY_ID, values, NULL) == 0)
 		return false;
 	read_record(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, rec, true);
@@ -107,21 +135,22 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 				   int64 *id)
 {
 	const IdemCatalog *cat = idem_catalog();
-	Datum		values[12];
+	Datum		values[13];
 	bool		isnull;
 
-	values[0] = PointerGetDatum(scope->tenant);
-	values[1] = PointerGetDatum(scope->caller);
-	values[2] = PointerGetDatum(scope->operation);
-	values[3] = PointerGetDatum(scope->key);
-	values[4] = bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN);
-	values[5] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
-	values[6] = bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN);
-	values[7] = TimestampTzGetDatum(start->locked_until);
-	values[8] = ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]);
-	values[9] = IntervalPGetDatum(start->ttl);
-	values[10] = TimestampTzGetDatum(start->now);
-	values[11] = TimestampTzGetDatum(start->expires_at);
+	values[0] = PointerGetDatum(scope->role);
+	values[1] = PointerGetDatum(scope->tenant);
+	values[2] = PointerGetDatum(scope->caller);
+	values[3] = PointerGetDatum(scope->operation);
+	values[4] = PointerGetDatum(scope->key);
+	values[5] = bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN);
+	values[6] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
+	values[7] = bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN);
+	values[8] = TimestampTzGetDatum(start->locked_until);
+	values[9] = ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]);
+	values[10] = IntervalPGetDatum(start->ttl);
+	values[11] = TimestampTzGetDatum(start->now);
+	values[12] = TimestampTzGetDatum(start->expires_at);
 	if (run_plan(PLAN_INSERT, values, NULL) == 0)
 		return false;
 	*id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
@@ -181,12 +210,13 @@ bool
 idem_record_mark_unknown(const IdemRecord *rec, TimestampTz now)
 {
 	const IdemCatalog *cat = idem_catalog();
-	Datum		values[4];
+	Datum		values[5];
 
 	values[0] = Int64GetDatum(rec->id);
 	values[1] = Int32GetDatum(rec->attempt);
 	values[2] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
 	values[3] = TimestampTzGetDatum(now);
+	values[4] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
 	return run_plan(PLAN_MARK_UNKNOWN, values, NULL) > 0;
 }
 
@@ -199,19 +229,17 @@ idem_record_finish(const IdemToken *token, const IdemResponse *response,
 				   TimestampTz now)
 {
 	const IdemCatalog *cat = idem_catalog();
-	Datum		values[9];
-	char		nulls[9];
+	Datum		values[11];
+	char		nulls[11];
 
 	memset(nulls, ' ', sizeof(nulls));
-	values[0] = Int64GetDatum(token->record_id);
-	values[1] = Int32GetDatum(token->attempt);
-	values[2] = bytes_datum(token->secret, IDEM_TOKEN_SECRET_LEN);
-	values[3] = ObjectIdGetDatum(cat->state_oids[response->state]);
-	values[4] = Int32GetDatum(response->http_status);
-	values[5] = nullable(response->headers, &nulls[5]);
-	values[6] = nullable(response->body, &nulls[6]);
-	values[7] = nullable(response->resource_id, &nulls[7]);
-	values[8] = TimestampTzGetDatum(now);
+	token_values(token, values);
+	values[5] = ObjectIdGetDatum(cat->state_oids[response->state]);
+	values[6] = Int32GetDatum(response->http_status);
+	values[7] = nullable(response->headers, &nulls[7]);
+	values[8] = nullable(response->body, &nulls[8]);
+	values[9] = nullable(response->resource_id, &nulls[9]);
+	values[10] = TimestampTzGetDatum(now);
 	return run_plan(PLAN_FINISH, values, nulls) > 0;
 }
 
@@ -240,15 +268,17 @@ idem_record_set_recovery_point(const IdemToken *token, text *recovery_point,
 }
 
 /*
- * Settle an unknown record.  Returns false when the record is not unknown
- * (or is being written by another transaction, which then wins).
+ * Settle an unknown record of the given role (any_role: of any role).
+ * Returns false when there is no such unknown record (or it is being
+ * written by another transaction, which then wins).
  */
 bool
-idem_record_resolve(int64 id, const IdemResponse *response, TimestampTz now)
+idem_record_resolve(int64 id, text *role, bool any_role,
+					const IdemResponse *response, TimestampTz now)
 {
 	const IdemCatalog *cat = idem_catalog();
-	Datum		values[7];
-	char		nulls[7];
+	Datum		values[10];
+	char		nulls[10];
 
 	memset(nulls, ' ', sizeof(nulls));
 	values[0] = Int64GetDatum(id);
@@ -258,6 +288,9 @@ idem_record_resolve(int64 id, const IdemResponse *response, TimestampTz now)
 	values[4] = nullable(response->body, &nulls[4]);
 	values[5] = nullable(response->resource_id, &nulls[5]);
 	values[6] = TimestampTzGetDatum(now);
+	values[7] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
+	values[8] = PointerGetDatum(role);
+	values[9] = BoolGetDatum(any_role);
 	return run_plan(PLAN_RESOLVE, values, nulls) > 0;
 }
 
@@ -305,37 +338,40 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 		case PLAN_FETCH:
 			appendStringInfo(&sql,
 							 "SELECT " RECORD_COLUMNS " FROM %s"
-							 " WHERE tenant = $1 AND caller = $2"
-							 " AND operation = $3 AND key = $4", t);
-			types[0] = types[1] = types[2] = types[3] = TEXTOID;
-			nargs = 4;
+							 " WHERE role" EQ "$1 AND tenant" EQ "$2"
+							 " AND caller" EQ "$3 AND operation" EQ "$4"
+							 " AND key" EQ "$5", t);
+			types[0] = types[1] = types[2] = types[3] = types[4] = TEXTOID;
+			nargs = 5;
 			break;
 		case PLAN_FETCH_BY_ID:
 			appendStringInfo(&sql,
-							 "SELECT " RECORD_COLUMNS ", tenant, caller, operation, key"
-							 " FROM %s WHERE id = $1", t);
+							 "SELECT " RECORD_COLUMNS ", role, tenant, caller, operation, key"
+							 " FROM %s WHERE id" EQ "$1 AND (role" EQ "$2 OR $3)", t);
 			types[0] = INT8OID;
-			nargs = 1;
+			types[1] = TEXTOID;
+			types[2] = BOOLOID;
+			nargs = 3;
 			break;
 		case PLAN_INSERT:
 			appendStringInfo(&sql,
-							 "INSERT INTO %s (tenant, caller, operation, key,"
+							 "INSERT INTO %s (role, tenant, caller, operation, key,"
 							 " fingerprint, state, attempt, attempt_token, locked_until,"
 							 " on_lease_expiry, ttl, created_at, claimed_at, updated_at,"
 							 " expires_at)"
-							 " VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $9, $10,"
-							 " $11, $11, $11, $12)"
-							 " ON CONFLICT (tenant, caller, operation, key) DO NOTHING"
+							 " VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, $9, $10, $11,"
+							 " $12, $12, $12, $13)"
+							 " ON CONFLICT (role, tenant, caller, operation, key) DO NOTHING"
 							 " RETURNING id", t);
-			types[0] = types[1] = types[2] = types[3] = TEXTOID;
-			types[4] = BYTEAOID;
-			types[5] = cat->state_type;
-			types[6] = BYTEAOID;
-			types[7] = TIMESTAMPTZOID;
-			types[8] = cat->policy_type;
-			types[9] = INTERVALOID;
-			types[10] = types[11] = TIMESTAMPTZOID;
-			nargs = 12;
+			types[0] = types[1] = types[2] = types[3] = types[4] = TEXTOID;
+			types[5] = BYTEAOID;
+			types[6] = cat->state_type;
+			types[7] = BYTEAOID;
+			types[8] = TIMESTAMPTZOID;
+			types[9] = cat->policy_type;
+			types[10] = INTERVALOID;
+			types[11] = types[12] = TIMESTAMPTZOID;
+			nargs = 13;
 			break;
 		case PLAN_RESTART:
 			appendStringInfo(&sql,
@@ -347,10 +383,10 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 							 " response_body = NULL, resource_id = NULL,"
 							 " claimed_at = $11, updated_at = $11, completed_at = NULL,"
 							 " expires_at = $12"
-							 " WHERE id = (SELECT id FROM %s WHERE id = $1"
-							 " AND state = $13 AND attempt = $2"
-							 " AND (NOT $7 OR expires_at <= $11)"
-							 " AND (NOT $14 OR locked_until <= $11)"
+							 " WHERE id" EQ "(SELECT id FROM %s WHERE id" EQ "$1"
+							 " AND state" EQ "$13 AND attempt" EQ "$2"
+							 " AND (NOT $7 OR expires_at" LE "$11)"
+							 " AND (NOT $14 OR locked_until" LE "$11)"
 							 " FOR UPDATE SKIP LOCKED)"
 							 " RETURNING recovery_point", t, t);
 			types[0] = INT8OID;
@@ -371,69 +407,70 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 		case PLAN_MARK_UNKNOWN:
 			appendStringInfo(&sql,
 							 "UPDATE %s SET state = $3, updated_at = $4,"
-							 " expires_at = $4 + ttl"
-							 " WHERE id = (SELECT id FROM %s WHERE id = $1"
-							 " AND attempt = $2 AND state = 'processing'"
-							 " AND locked_until <= $4 FOR UPDATE SKIP LOCKED)"
+							 " expires_at = $4" PLUS "ttl"
+							 " WHERE id" EQ "(SELECT id FROM %s WHERE id" EQ "$1"
+							 " AND attempt" EQ "$2 AND state" EQ "$5"
+							 " AND locked_until" LE "$4 FOR UPDATE SKIP LOCKED)"
 							 " RETURNING id", t, t);
 			types[0] = INT8OID;
 			types[1] = INT4OID;
 			types[2] = cat->state_type;
 			types[3] = TIMESTAMPTZOID;
-			nargs = 4;
+			types[4] = cat->state_type;
+			nargs = 5;
 			break;
 		case PLAN_FINISH:
 			appendStringInfo(&sql,
-							 "UPDATE %s SET state = $4, response_status = $5,"
-							 " response_headers = $6, response_body = $7,"
-							 " resource_id = $8, attempt_token = NULL, locked_until = NULL,"
-							 " completed_at = $9, updated_at = $9, expires_at = $9 + ttl"
+							 "UPDATE %s SET state = $6, response_status = $7,"
+							 " response_headers = $8, response_body = $9,"
+							 " resource_id = $10, attempt_token = NULL, locked_until = NULL,"
+							 " completed_at = $11, updated_at = $11,"
+							 " expires_at = $11" PLUS "ttl"
 							 TOKEN_MATCHES " RETURNING id", t);
-			types[0] = INT8OID;
-			types[1] = INT4OID;
-			types[2] = BYTEAOID;
-			types[3] = cat->state_type;
-			types[4] = INT4OID;
-			types[5] = types[6] = JSONBOID;
-			types[7] = TEXTOID;
-			types[8] = TIMESTAMPTZOID;
-			nargs = 9;
+			token_types(types, cat);
+			types[5] = cat->state_type;
+			types[6] = INT4OID;
+			types[7] = types[8] = JSONBOID;
+			types[9] = TEXTOID;
+			types[10] = TIMESTAMPTZOID;
+			nargs = 11;
 			break;
 		case PLAN_EXTEND_LEASE:
 			appendStringInfo(&sql,
-							 "UPDATE %s SET locked_until = $4, updated_at = $5"
+							 "UPDATE %s SET locked_until = $6, updated_at = $7"
 							 TOKEN_MATCHES " RETURNING id", t);
-			types[0] = INT8OID;
-			types[1] = INT4OID;
-			types[2] = BYTEAOID;
-			types[3] = types[4] = TIMESTAMPTZOID;
-			nargs = 5;
+			token_types(types, cat);
+			types[5] = types[6] = TIMESTAMPTZOID;
+			nargs = 7;
 			break;
 		case PLAN_SET_RECOVERY_POINT:
 			appendStringInfo(&sql,
-							 "UPDATE %s SET recovery_point = $4, updated_at = $5"
+							 "UPDATE %s SET recovery_point = $6, updated_at = $7"
 							 TOKEN_MATCHES " RETURNING id", t);
-			types[0] = INT8OID;
-			types[1] = INT4OID;
-			types[2] = BYTEAOID;
-			types[3] = TEXTOID;
-			types[4] = TIMESTAMPTZOID;
-			nargs = 5;
+			token_types(types, cat);
+			types[5] = TEXTOID;
+			types[6] = TIMESTAMPTZOID;
+			nargs = 7;
 			break;
 		case PLAN_RESOLVE:
 			appendStringInfo(&sql,
 							 "UPDATE %s SET state = $2, response_status = $3,"
 							 " response_headers = $4, response_body = $5,"
 							 " resource_id = coalesce($6, resource_id),"
-							 " completed_at = $7, updated_at = $7, expires_at = $7 + ttl"
-							 " WHERE id = $1 AND state = 'unknown' RETURNING id", t);
+							 " completed_at = $7, updated_at = $7,"
+							 " expires_at = $7" PLUS "ttl"
+							 " WHERE id" EQ "$1 AND state" EQ "$8"
+							 " AND (role" EQ "$9 OR $10) RETURNING id", t);
 			types[0] = INT8OID;
 			types[1] = cat->state_type;
 			types[2] = INT4OID;
 			types[3] = types[4] = JSONBOID;
 			types[5] = TEXTOID;
 			types[6] = TIMESTAMPTZOID;
-			nargs = 7;
+			types[7] = cat->state_type;
+			types[8] = TEXTOID;
+			types[9] = BOOLOID;
+			nargs = 10;
 			break;
 		default:
 			elog(ERROR, "unrecognized record statement %d", (int) which);
@@ -467,20 +504,47 @@ run_plan(RecordPlan which, Datum *values, const char *nulls)
 }
 
 /*
- * Run a statement that sets one column ($4) of the attempt a token names.
+ * Run a statement that sets one column ($6) of the attempt a token names.
  */
 static bool
 run_token_write(RecordPlan which, const IdemToken *token, Datum value,
 				TimestampTz now)
 {
-	Datum		values[5];
+	Datum		values[7];
 
+	token_values(token, values);
+	values[5] = value;
+	values[6] = TimestampTzGetDatum(now);
+	return run_plan(which, values, NULL) > 0;
+}
+
+/*
+ * The first five parameters of a token write (see TOKEN_MATCHES).
+ */
+static void
+token_values(const IdemToken *token, Datum *values)
+{
+	const IdemCatalog *cat = idem_catalog();
+
+	Assert(token->role != NULL);
 	values[0] = Int64GetDatum(token->record_id);
 	values[1] = Int32GetDatum(token->attempt);
 	values[2] = bytes_datum(token->secret, IDEM_TOKEN_SECRET_LEN);
-	values[3] = value;
-	values[4] = TimestampTzGetDatum(now);
-	return run_plan(which, values, NULL) > 0;
+	values[3] = PointerGetDatum(token->role);
+	values[4] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
+}
+
+/*
+ * Their types.
+ */
+static void
+token_types(Oid *types, const IdemCatalog *cat)
+{
+	types[0] = INT8OID;
+	types[1] = INT4OID;
+	types[2] = BYTEAOID;
+	types[3] = TEXTOID;
+	types[4] = cat->state_type;
 }
 
 /*
@@ -526,10 +590,11 @@ read_record(HeapTuple tuple, TupleDesc tupdesc, IdemRecord *rec,
 
 	if (with_scope)
 	{
-		rec->scope.tenant = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 13, &isnull));
-		rec->scope.caller = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 14, &isnull));
-		rec->scope.operation = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 15, &isnull));
-		rec->scope.key = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 16, &isnull));
+		rec->scope.role = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 13, &isnull));
+		rec->scope.tenant = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 14, &isnull));
+		rec->scope.caller = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 15, &isnull));
+		rec->scope.operation = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 16, &isnull));
+		rec->scope.key = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 17, &isnull));
 	}
 }
 

@@ -19,9 +19,13 @@
 
 #define IDEM_TOKEN_SECRET_LEN 16
 
-/* The scope and key of a record. */
+/*
+ * The scope and key of a record.  role is the database role that called the
+ * function (idem_calling_role), never an argument: it keeps roles apart.
+ */
 typedef struct IdemScope
 {
+	text	   *role;
 	text	   *tenant;
 	text	   *caller;
 	text	   *operation;
@@ -71,16 +75,21 @@ typedef struct IdemResponse
 	text	   *resource_id;	/* NULL when none */
 } IdemResponse;
 
-/* The attempt a token names. */
+/*
+ * The attempt a token names, and the role using it: a token only works on
+ * a record of the role that uses it.
+ */
 typedef struct IdemToken
 {
 	int64		record_id;
 	int32		attempt;
 	uint8		secret[IDEM_TOKEN_SECRET_LEN];
+	text	   *role;			/* set by the caller, not by the parser */
 } IdemToken;
 
 extern bool idem_record_fetch(const IdemScope *scope, IdemRecord *rec);
-extern bool idem_record_fetch_by_id(int64 id, IdemRecord *rec);
+extern bool idem_record_fetch_by_id(int64 id, text *role, bool any_role,
+									IdemRecord *rec);
 extern bool idem_record_insert(const IdemScope *scope,
 							   const IdemAttemptStart *start, int64 *id);
 extern bool idem_record_restart(IdemRecord *rec, bool reuse,
@@ -93,7 +102,7 @@ extern bool idem_record_extend_lease(const IdemToken *token,
 extern bool idem_record_set_recovery_point(const IdemToken *token,
 										   text *recovery_point,
 										   TimestampTz now);
-extern bool idem_record_resolve(int64 id, const IdemResponse *response,
-								TimestampTz now);
+extern bool idem_record_resolve(int64 id, text *role, bool any_role,
+								const IdemResponse *response, TimestampTz now);
 
 #endif							/* IDEM_RECORDS_H */

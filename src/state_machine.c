@@ -18,7 +18,13 @@
  *	 succeeded,  reuse once expired			   -		  -		  -			 -
  *	 failed		 (attempt 1)
  *
- * Scope, key, id and created_at never change; the fingerprint changes only
+ * A record is born processing at attempt 1, except when it is loaded by a
+ * COPY FROM statement: that is how pg_restore and psql bring back dumped
+ * records, in whatever state they were dumped (only roles that may write
+ * the table, that is its owner, can run it; they could as well disable the
+ * trigger).
+ *
+ * Role, scope, key, id and created_at never change; the fingerprint changes only
  * when an expired record is reused for a new command.  An update that keeps
  * a finished or unknown state (an operator extending expires_at, say) is not
  * a transition and is allowed.
@@ -31,7 +37,10 @@
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "tcop/cmdtag.h"
+#include "tcop/pquery.h"
 #include "utils/builtins.h"
+#include "utils/portal.h"
 #include "utils/rel.h"
 #include "utils/timestamp.h"
 
@@ -63,7 +72,7 @@ typedef struct GuardColumns
 {
 	Oid			relid;
 	AttrNumber	id;
-	AttrNumber	scope[4];		/* tenant, caller, operation, key */
+	AttrNumber	scope[5];		/* role, tenant, caller, operation, key */
 	AttrNumber	fingerprint;
 	AttrNumber	state;
 	AttrNumber	attempt;
@@ -78,6 +87,7 @@ static void find_columns(Relation rel);
 static AttrNumber column_number(TupleDesc tupdesc, const char *name);
 static Datum get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum,
 						bool *isnull);
+static bool loading_with_copy(void);
 static bool same_bytes(Datum a, Datum b);
 static bool same_scalar(HeapTuple a, HeapTuple b, TupleDesc tupdesc,
 						AttrNumber attnum);
@@ -228,7 +238,8 @@ idem_records_guard(PG_FUNCTION_ARGS)
 
 	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 	{
-		if (new_state != IDEM_PROCESSING || new_attempt != 1)
+		if ((new_state != IDEM_PROCESSING || new_attempt != 1) &&
+			!loading_with_copy())
 			ereport(ERROR,
 					(errcode(ERRCODE_CHECK_VIOLATION),
 					 errmsg("invalid new idempotency record"),
@@ -247,7 +258,7 @@ idem_records_guard(PG_FUNCTION_ARGS)
 		Datum		fingerprint;
 		int			i;
 
-		for (i = 0; i < 4; i++)
+		for (i = 0; i < (int) lengthof(columns.scope); i++)
 		{
 			Datum		oldval = get_column(oldtuple, tupdesc, columns.scope[i], &oldnull);
 			Datum		newval = get_column(newtuple, tupdesc, columns.scope[i], &isnull);
@@ -323,10 +334,11 @@ find_columns(Relation rel)
 	TupleDesc	tupdesc = RelationGetDescr(rel);
 
 	columns.id = column_number(tupdesc, "id");
-	columns.scope[0] = column_number(tupdesc, "tenant");
-	columns.scope[1] = column_number(tupdesc, "caller");
-	columns.scope[2] = column_number(tupdesc, "operation");
-	columns.scope[3] = column_number(tupdesc, "key");
+	columns.scope[0] = column_number(tupdesc, "role");
+	columns.scope[1] = column_number(tupdesc, "tenant");
+	columns.scope[2] = column_number(tupdesc, "caller");
+	columns.scope[3] = column_number(tupdesc, "operation");
+	columns.scope[4] = column_number(tupdesc, "key");
 	columns.fingerprint = column_number(tupdesc, "fingerprint");
 	columns.state = column_number(tupdesc, "state");
 	columns.attempt = column_number(tupdesc, "attempt");
@@ -350,6 +362,15 @@ static Datum
 get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum, bool *isnull)
 {
 	return heap_getattr(tuple, attnum, tupdesc, isnull);
+}
+
+/*
+ * Whether the row comes from a top-level COPY FROM (a restore of a dump).
+ */
+static bool
+loading_with_copy(void)
+{
+	return ActivePortal != NULL && ActivePortal->commandTag == CMDTAG_COPY;
 }
 
 /*

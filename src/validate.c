@@ -8,6 +8,7 @@
  */
 #include "postgres.h"
 
+#include "access/detoast.h"
 #include "common/int.h"
 #include "datatype/timestamp.h"
 #include "utils/builtins.h"
@@ -15,7 +16,10 @@
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
+#include "security.h"
 #include "validate.h"
+
+static Size stored_size(FunctionCallInfo fcinfo, int argno);
 
 /*
  * Raise unless argument argno (0-based) is given.
@@ -179,7 +183,7 @@ idem_check_headers(Jsonb *headers)
 					ereport(ERROR,
 							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 							 errmsg("headers must be a JSON object of strings"),
-							 errdetail("Header \"%s\" is not a string.", name)));
+							 errdetail("Header \"%s\" is not a string.", idem_clip(name, 64))));
 				break;
 			case WJB_KEY:
 				name = pnstrdup(v.val.string.val, v.val.string.len);
@@ -189,7 +193,7 @@ idem_check_headers(Jsonb *headers)
 					ereport(ERROR,
 							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 							 errmsg("headers must be a JSON object of strings"),
-							 errdetail("Header \"%s\" is not a string.", name)));
+							 errdetail("Header \"%s\" is not a string.", idem_clip(name, 64))));
 				break;
 			default:
 				break;
@@ -211,7 +215,58 @@ idem_parse_policy(text *policy)
 		return IDEM_POLICY_RETRY;
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("invalid on_lease_expiry \"%s\"", s),
+			 errmsg("invalid on_lease_expiry \"%s\"", idem_clip(s, 32)),
 			 errhint("Use \"unknown\" (the outcome must be reconciled) or \"retry\" (a later claim may run the command again).")));
 	pg_unreachable();
+}
+
+/*
+ * A response to store: its body, headers and resource id (argument numbers;
+ * -1 for one the function does not take) together within
+ * idempotency.max_response_size bytes.  Sizes are read from the values'
+ * headers, before anything is detoasted.
+ */
+void
+idem_check_response_size(FunctionCallInfo fcinfo, int body_arg,
+						 int headers_arg, int resource_arg)
+{
+	Size		size = stored_size(fcinfo, body_arg) +
+		stored_size(fcinfo, headers_arg) +
+		stored_size(fcinfo, resource_arg);
+
+	if (size > (Size) idem_max_response_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("response is too large to store"),
+				 errdetail("Its body, headers and resource id take %zu bytes; idempotency.max_response_size is %d bytes.",
+						   size, idem_max_response_size),
+				 errhint("Store the id of the resource the command created and a small body, not the whole document; or raise idempotency.max_response_size.")));
+}
+
+/*
+ * Another stored value (a recovery point) within
+ * idempotency.max_response_size bytes.
+ */
+void
+idem_check_stored_size(Datum value, const char *what)
+{
+	Size		size = toast_raw_datum_size(value) - VARHDRSZ;
+
+	if (size > (Size) idem_max_response_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s is too large to store", what),
+				 errdetail("It takes %zu bytes; idempotency.max_response_size is %d bytes.",
+						   size, idem_max_response_size)));
+}
+
+/*
+ * Bytes of a varlena argument, without detoasting it; 0 for NULL or none.
+ */
+static Size
+stored_size(FunctionCallInfo fcinfo, int argno)
+{
+	if (argno < 0 || PG_ARGISNULL(argno))
+		return 0;
+	return toast_raw_datum_size(PG_GETARG_DATUM(argno)) - VARHDRSZ;
 }

@@ -1,0 +1,143 @@
+/*-------------------------------------------------------------------------
+ *
+ * security.c
+ *	  Who a call acts for, what its SQL runs as, and whether it may write.
+ *
+ * The idem_* functions are not SECURITY DEFINER: the role that calls them
+ * (current_user at the call) is part of the scope of every record it
+ * creates or reads, so two roles never see each other's records.  That role
+ * needs only EXECUTE on the functions, no privilege on idem_records: for
+ * the statements on the table the functions switch to the table's owner,
+ * the way the foreign key triggers do (ri_triggers.c), with
+ * SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION, and switch
+ * back afterwards.  An error on the way is fine: aborting the
+ * (sub)transaction restores the user and security context in force when it
+ * began.
+ *
+ * Running as the owner is only safe because every statement in records.c
+ * names its objects with their schema (the table through the extension's
+ * schema, operators as OPERATOR(pg_catalog.=), values as typed parameters),
+ * so that nothing a user creates or puts on search_path changes what the
+ * statements do.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/pg_class.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/syscache.h"
+
+#include "catalog.h"
+#include "security.h"
+
+static Oid	records_owner(void);
+
+/*
+ * Name of the role the call acts for: current_user when the function was
+ * called.  Must be called before idem_become_owner.
+ */
+text *
+idem_calling_role(void)
+{
+	return cstring_to_text(GetUserNameFromId(GetUserId(), false));
+}
+
+/*
+ * Whether the calling role may act on every role's records: the owner of
+ * idem_records, a member of the owner role, or a superuser.
+ */
+bool
+idem_calling_role_is_operator(void)
+{
+	return pg_class_ownercheck(idem_catalog()->table_oid, GetUserId());
+}
+
+/*
+ * Run as the owner of idem_records from now on, remembering the current
+ * user in ctx.
+ */
+void
+idem_become_owner(IdemUserContext *ctx)
+{
+	Oid			owner = records_owner();
+
+	GetUserIdAndSecContext(&ctx->saved_userid, &ctx->saved_sec_context);
+	SetUserIdAndSecContext(owner,
+						   ctx->saved_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+}
+
+/*
+ * Return to the user idem_become_owner saved.
+ */
+void
+idem_restore_user(const IdemUserContext *ctx)
+{
+	SetUserIdAndSecContext(ctx->saved_userid, ctx->saved_sec_context);
+}
+
+/*
+ * Raise a clear error when the current transaction cannot write: on a
+ * standby (hot standby answers replays, never claims) or in a read-only
+ * transaction.
+ */
+void
+idem_require_writable(const char *what)
+{
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot %s on a standby server", what),
+				 errdetail("The server is in recovery: idempotency records can be read here but not written."),
+				 errhint("Send claims and their completions to the primary; idem_replay() and claims that replay work on a standby.")));
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot %s in a read-only transaction", what),
+				 errhint("Claims that replay and idem_replay() work read-only; anything that writes a record needs a read-write transaction.")));
+}
+
+/*
+ * A user-supplied string shortened for an error message: at most maxlen
+ * bytes, cut at a character boundary, with "..." when it was longer.  Keys
+ * and bodies never go into messages; short enumerated values (a state, a
+ * policy) do, but a 10 MB one should not end up in the server log.
+ */
+char *
+idem_clip(const char *value, int maxlen)
+{
+	int			len = strlen(value);
+	int			cut;
+
+	if (len <= maxlen)
+		return pstrdup(value);
+	cut = pg_mbcliplen(value, len, maxlen);
+	return psprintf("%.*s...", cut, value);
+}
+
+/*
+ * The owner of idem_records, looked up on every call: an ALTER TABLE ...
+ * OWNER TO takes effect at once.
+ */
+static Oid
+records_owner(void)
+{
+	Oid			table = idem_catalog()->table_oid;
+	HeapTuple	tuple;
+	Oid			owner;
+
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(table));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "cache lookup failed for relation %u", table);
+	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	ReleaseSysCache(tuple);
+	return owner;
+}

@@ -1,0 +1,27 @@
+/*-------------------------------------------------------------------------
+ *
+ * security.h
+ *	  Who a call acts for, what its SQL runs as, and whether it may write.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_SECURITY_H
+#define IDEM_SECURITY_H
+
+#include "fmgr.h"
+
+/* The user and security context to return to after the records' SQL. */
+typedef struct IdemUserContext
+{
+	Oid			saved_userid;
+	int			saved_sec_context;
+} IdemUserContext;
+
+extern text *idem_calling_role(void);
+extern bool idem_calling_role_is_operator(void);
+extern void idem_become_owner(IdemUserContext *ctx);
+extern void idem_restore_user(const IdemUserContext *ctx);
+extern void idem_require_writable(const char *what);
+extern char *idem_clip(const char *value, int maxlen);
+
+#endif							/* IDEM_SECURITY_H */
