@@ -14,9 +14,11 @@ BEGIN
 END
 $$;
 
--- The idem_* functions run with the caller's privileges and read and write
--- idem_records through SPI, so the application role needs these grants.
-GRANT SELECT, INSERT, UPDATE ON idem_records TO idem_app;
+-- The application role gets the API and nothing on idem_records itself:
+-- the functions reach the table as its owner, and each role sees only its
+-- own records.
+GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_heartbeat,
+                          idem_checkpoint, idem_replay TO idem_app;
 
 -- The business table.  The payment is written in the same transaction as the
 -- claim and idem_complete: either both exist or neither does.

@@ -100,3 +100,38 @@ SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_m
  ORDER BY 1;
 
 TRUNCATE idem_records;
+
+--
+-- The passes run as a superuser in the worker: operators someone created in
+-- a schema ahead of pg_catalog on the search_path are never used.
+--
+CREATE SCHEMA trap;
+CREATE TABLE trap.calls (what text);
+CREATE FUNCTION trap.enum_eq(idem_state, idem_state) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO trap.calls VALUES ('enum =');
+  RETURN $1::text = $2::text;
+END $$;
+CREATE FUNCTION trap.ts_lt(timestamptz, timestamptz) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO trap.calls VALUES ('timestamptz <');
+  RETURN $1::text < $2::text;
+END $$;
+CREATE OPERATOR trap.= (FUNCTION = trap.enum_eq, LEFTARG = idem_state, RIGHTARG = idem_state);
+CREATE OPERATOR trap.< (FUNCTION = trap.ts_lt, LEFTARG = timestamptz, RIGHTARG = timestamptz);
+SELECT pg_temp.add('trap-', 2, 'unknown', interval '-1 minute');
+UPDATE idem_records SET state = 'succeeded' WHERE key = 'trap-2';
+UPDATE idem_records SET expires_at = now() - interval '1 day' WHERE key = 'trap-2';
+SET search_path = trap, pg_catalog, public;
+-- The trap works on an unqualified query ...
+SELECT count(*) AS processing FROM idem_records
+ WHERE state = 'processing' AND locked_until < now() + interval '1 day';
+SELECT count(*) > 0 AS trap_fired FROM trap.calls;
+TRUNCATE trap.calls;
+-- ... and the passes never spring it.
+SELECT idem_expire_leases() AS expired, idem_cleanup() AS deleted;
+SELECT count(*) AS trap_calls FROM trap.calls;
+RESET search_path;
+DROP SCHEMA trap CASCADE;

@@ -162,30 +162,39 @@ idem_maintenance_prepare(Oid extoid)
 
 	nsp = quote_identifier(get_namespace_name(nspoid));
 
+	/*
+	 * Every operator is schema-qualified: the worker runs as a superuser, so
+	 * an operator someone created in a schema on the search_path must never
+	 * be picked instead of pg_catalog's.
+	 */
 	lease_plan = prepare_kept_plan(psprintf(
 		"UPDATE %s.idem_records AS r"
-		"   SET state = CASE r.on_lease_expiry"
-		"               WHEN 'retry' THEN 'retryable'::%s.idem_state"
+		"   SET state = CASE WHEN r.on_lease_expiry OPERATOR(pg_catalog.=)"
+		"                         'retry'::%s.idem_lease_policy"
+		"               THEN 'retryable'::%s.idem_state"
 		"               ELSE 'unknown'::%s.idem_state END,"
 		"       updated_at = $1,"
-		"       expires_at = $1 + r.ttl"
-		" WHERE r.id = ANY (ARRAY(SELECT l.id FROM %s.idem_records AS l"
-		"                          WHERE l.state = 'processing'"
-		"                            AND l.locked_until < $1"
-		"                          ORDER BY l.locked_until"
-		"                          LIMIT $2"
-		"                          FOR UPDATE SKIP LOCKED))",
-		nsp, nsp, nsp, nsp));
+		"       expires_at = $1 OPERATOR(pg_catalog.+) r.ttl"
+		" WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY("
+		"          SELECT l.id FROM %s.idem_records AS l"
+		"           WHERE l.state OPERATOR(pg_catalog.=) 'processing'::%s.idem_state"
+		"             AND l.locked_until OPERATOR(pg_catalog.<) $1"
+		"           ORDER BY l.locked_until"
+		"           LIMIT $2"
+		"           FOR UPDATE SKIP LOCKED))",
+		nsp, nsp, nsp, nsp, nsp, nsp));
 
 	cleanup_plan = prepare_kept_plan(psprintf(
 		"DELETE FROM %s.idem_records AS r"
-		" WHERE r.id = ANY (ARRAY(SELECT c.id FROM %s.idem_records AS c"
-		"                          WHERE c.state IN ('succeeded', 'failed', 'retryable')"
-		"                            AND c.expires_at < $1"
-		"                          ORDER BY c.expires_at"
-		"                          LIMIT $2"
-		"                          FOR UPDATE SKIP LOCKED))",
-		nsp, nsp));
+		" WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY("
+		"          SELECT c.id FROM %s.idem_records AS c"
+		"           WHERE c.state OPERATOR(pg_catalog.=) ANY"
+		"                 ('{succeeded,failed,retryable}'::%s.idem_state[])"
+		"             AND c.expires_at OPERATOR(pg_catalog.<) $1"
+		"           ORDER BY c.expires_at"
+		"           LIMIT $2"
+		"           FOR UPDATE SKIP LOCKED))",
+		nsp, nsp, nsp));
 
 	plans_extoid = extoid;
 	plans_nspoid = nspoid;
