@@ -41,7 +41,7 @@ BEGIN
   VALUES (p_tenant, p_caller, p_operation, p_key, fp, 'processing', 1,
           clock_timestamp() + p_lease, 'unknown', p_ttl, now(), now(), now(),
           now() + p_ttl)
-  ON CONFLICT (tenant, caller, operation, key) DO NOTHING
+  ON CONFLICT (role, tenant, caller, operation, key) DO NOTHING
   RETURNING p.id INTO new_id;
   IF new_id IS NOT NULL THEN
     RETURN QUERY SELECT 'proceed', new_id, 1, NULL::int, NULL::jsonb, NULL::jsonb;
@@ -49,7 +49,7 @@ BEGIN
   END IF;
 
   SELECT * INTO r FROM peer_records p
-   WHERE p.tenant = p_tenant AND p.caller = p_caller
+   WHERE p.role = current_user AND p.tenant = p_tenant AND p.caller = p_caller
      AND p.operation = p_operation AND p.key = p_key
      FOR UPDATE;
 
