@@ -34,3 +34,7 @@ ISOLATION += maintenance_skip_locked
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# PGXS does not track header dependencies: rebuild every object when one of
+# the project's headers changes.
+$(OBJS): $(wildcard $(srcdir)/src/*.h)

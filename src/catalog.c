@@ -81,6 +81,12 @@ idem_catalog(void)
 		catalog.generation++;
 	catalog.schema_oid = nsp;
 	catalog.table_oid = table;
+	catalog.scope_index_oid = get_relname_relid(IDEM_SCOPE_INDEX, nsp);
+	if (!OidIsValid(catalog.scope_index_oid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("index \"%s\" of extension \"%s\" does not exist",
+						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME)));
 	if (catalog.qualified_table)
 		pfree((void *) catalog.qualified_table);
 	catalog.qualified_table =

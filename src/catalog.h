@@ -17,6 +17,7 @@ typedef struct IdemCatalog
 	Oid			schema_oid;
 	const char *qualified_table;	/* quoted schema.idem_records */
 	Oid			table_oid;
+	Oid			scope_index_oid;	/* unique (role, tenant, caller, operation, key) */
 	Oid			state_type;
 	Oid			policy_type;
 	Oid			state_oids[IDEM_NUM_STATES];

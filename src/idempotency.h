@@ -12,6 +12,7 @@
 
 #define IDEM_EXTENSION_NAME		"idempotency"
 #define IDEM_RECORDS_TABLE		"idem_records"
+#define IDEM_SCOPE_INDEX		"idem_records_scope_key"
 
 /* Settings (idempotency.*), defined in idempotency.c */
 extern int	idem_default_ttl_s;

@@ -32,9 +32,17 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "access/genam.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "catalog.h"
@@ -42,7 +50,6 @@
 
 typedef enum RecordPlan
 {
-	PLAN_FETCH,
 	PLAN_FETCH_BY_ID,
 	PLAN_INSERT,
 	PLAN_RESTART,
@@ -54,6 +61,9 @@ typedef enum RecordPlan
 	NUM_RECORD_PLANS
 } RecordPlan;
 
+/* The columns read_record decodes, in this order. */
+#define RECORD_COLUMN_COUNT 12
+#define RECORD_SCOPE_COLUMNS 5	/* role, tenant, caller, operation, key */
 #define RECORD_COLUMNS \
 	"id, state, attempt, fingerprint, recovery_point, locked_until, " \
 	"on_lease_expiry, response_status, response_headers, response_body, " \
@@ -82,29 +92,71 @@ static bool run_token_write(RecordPlan which, const IdemToken *token,
 							Datum value, TimestampTz now);
 static void token_values(const IdemToken *token, Datum *values);
 static void token_types(Oid *types, const IdemCatalog *cat);
-static void read_record(HeapTuple tuple, TupleDesc tupdesc, IdemRecord *rec,
-						bool with_scope);
+static const AttrNumber *record_attnums(Relation heap);
+static void read_record(const Datum *values, const bool *nulls, IdemRecord *rec);
+static void read_spi_row(IdemRecord *rec, bool with_scope);
 static void *copy_out(Datum value);
 static Datum bytes_datum(const uint8 *bytes, int len);
 static Datum nullable(void *pointer, char *null);
 
 /*
  * Read the record of a scope and key.  Returns false when there is none.
+ *
+ * This is every claim's first step and all a replay does, so it probes the
+ * unique index directly instead of running a statement: no plan, no
+ * executor.  Like a statement under READ COMMITTED it sees what was
+ * committed when it starts, and the transaction's own earlier writes.
  */
 bool
 idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 {
-	Datum		values[5];
+	const IdemCatalog *cat = idem_catalog();
+	text	   *parts[RECORD_SCOPE_COLUMNS];
+	ScanKeyData keys[RECORD_SCOPE_COLUMNS];
+	Snapshot	snapshot;
+	Relation	heap;
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	bool		found;
+	int			i;
 
-	values[0] = PointerGetDatum(scope->role);
-	values[1] = PointerGetDatum(scope->tenant);
-	values[2] = PointerGetDatum(scope->caller);
-	values[3] = PointerGetDatum(scope->operation);
-	values[4] = PointerGetDatum(scope->key);
-	if (run_plan(PLAN_FETCH, values, NULL) == 0)
-		return false;
-	read_record(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, rec, false);
-	return true;
+	parts[0] = scope->role;
+	parts[1] = scope->tenant;
+	parts[2] = scope->caller;
+	parts[3] = scope->operation;
+	parts[4] = scope->key;
+	for (i = 0; i < RECORD_SCOPE_COLUMNS; i++)
+		ScanKeyInit(&keys[i], i + 1, BTEqualStrategyNumber, F_TEXTEQ,
+					PointerGetDatum(parts[i]));
+
+	/* make this statement's own earlier writes visible, as SPI would */
+	CommandCounterIncrement();
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	heap = table_open(cat->table_oid, AccessShareLock);
+	index = index_open(cat->scope_index_oid, AccessShareLock);
+	slot = table_slot_create(heap, NULL);
+
+	scan = index_beginscan(heap, index, snapshot, RECORD_SCOPE_COLUMNS, 0);
+	index_rescan(scan, keys, RECORD_SCOPE_COLUMNS, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+	{
+		Datum		values[RECORD_COLUMN_COUNT];
+		bool		nulls[RECORD_COLUMN_COUNT];
+		const AttrNumber *attnums = record_attnums(heap);
+
+		for (i = 0; i < RECORD_COLUMN_COUNT; i++)
+			values[i] = slot_getattr(slot, attnums[i], &nulls[i]);
+		read_record(values, nulls, rec);
+	}
+	index_endscan(scan);
+
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
+	UnregisterSnapshot(snapshot);
+	return found;
 }
 
 /*
@@ -122,7 +174,7 @@ idem_record_fetch_by_id(int64 id, text *role, bool any_role, IdemRecord *rec)
 	values[2] = BoolGetDatum(any_role);
 	if (run_plan(PLAN_FETCH_BY_ID, values, NULL) == 0)
 		return false;
-	read_record(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, rec, true);
+	read_spi_row(rec, true);
 	return true;
 }
 
@@ -335,15 +387,6 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 	initStringInfo(&sql);
 	switch (which)
 	{
-		case PLAN_FETCH:
-			appendStringInfo(&sql,
-							 "SELECT " RECORD_COLUMNS " FROM %s"
-							 " WHERE role" EQ "$1 AND tenant" EQ "$2"
-							 " AND caller" EQ "$3 AND operation" EQ "$4"
-							 " AND key" EQ "$5", t);
-			types[0] = types[1] = types[2] = types[3] = types[4] = TEXTOID;
-			nargs = 5;
-			break;
 		case PLAN_FETCH_BY_ID:
 			appendStringInfo(&sql,
 							 "SELECT " RECORD_COLUMNS ", role, tenant, caller, operation, key"
@@ -548,53 +591,92 @@ token_types(Oid *types, const IdemCatalog *cat)
 }
 
 /*
- * Copy a fetched row into rec, in the caller's memory context.
+ * Column numbers of RECORD_COLUMNS in the records table, found once per
+ * table.
+ */
+static const AttrNumber *
+record_attnums(Relation heap)
+{
+	static AttrNumber attnums[RECORD_COLUMN_COUNT];
+	static Oid	attnums_relid = InvalidOid;
+
+	if (attnums_relid != RelationGetRelid(heap))
+	{
+		static const char *const names[RECORD_COLUMN_COUNT] = {
+			"id", "state", "attempt", "fingerprint", "recovery_point",
+			"locked_until", "on_lease_expiry", "response_status",
+			"response_headers", "response_body", "resource_id", "expires_at"
+		};
+		int			i;
+
+		for (i = 0; i < RECORD_COLUMN_COUNT; i++)
+		{
+			attnums[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
+			if (attnums[i] <= 0)
+				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
+		}
+		attnums_relid = RelationGetRelid(heap);
+	}
+	return attnums;
+}
+
+/*
+ * Copy the values of RECORD_COLUMNS, in that order, into rec, in the
+ * caller's memory context.
  */
 static void
-read_record(HeapTuple tuple, TupleDesc tupdesc, IdemRecord *rec,
-			bool with_scope)
+read_record(const Datum *values, const bool *nulls, IdemRecord *rec)
 {
 	const IdemCatalog *cat = idem_catalog();
-	Datum		v;
-	bool		isnull;
 	bytea	   *fingerprint;
 
 	memset(rec, 0, sizeof(*rec));
-	rec->id = DatumGetInt64(SPI_getbinval(tuple, tupdesc, 1, &isnull));
-	rec->state = idem_state_from_oid(cat,
-									 DatumGetObjectId(SPI_getbinval(tuple, tupdesc, 2, &isnull)));
-	rec->attempt = DatumGetInt32(SPI_getbinval(tuple, tupdesc, 3, &isnull));
-	fingerprint = DatumGetByteaPP(SPI_getbinval(tuple, tupdesc, 4, &isnull));
+	rec->id = DatumGetInt64(values[0]);
+	rec->state = idem_state_from_oid(cat, DatumGetObjectId(values[1]));
+	rec->attempt = DatumGetInt32(values[2]);
+	fingerprint = DatumGetByteaPP(values[3]);
 	if (VARSIZE_ANY_EXHDR(fingerprint) != IDEM_FINGERPRINT_LEN)
 		elog(ERROR, "fingerprint of idempotency record " INT64_FORMAT " has %d bytes",
 			 rec->id, (int) VARSIZE_ANY_EXHDR(fingerprint));
 	memcpy(rec->fingerprint, VARDATA_ANY(fingerprint), IDEM_FINGERPRINT_LEN);
-	v = SPI_getbinval(tuple, tupdesc, 5, &isnull);
-	rec->recovery_point = isnull ? NULL : (text *) copy_out(v);
-	v = SPI_getbinval(tuple, tupdesc, 6, &isnull);
-	rec->has_lease = !isnull;
-	rec->locked_until = isnull ? 0 : DatumGetTimestampTz(v);
-	rec->on_lease_expiry =
-		idem_policy_from_oid(cat,
-							 DatumGetObjectId(SPI_getbinval(tuple, tupdesc, 7, &isnull)));
-	v = SPI_getbinval(tuple, tupdesc, 8, &isnull);
-	rec->has_response_status = !isnull;
-	rec->response_status = isnull ? 0 : DatumGetInt32(v);
-	v = SPI_getbinval(tuple, tupdesc, 9, &isnull);
-	rec->response_headers = isnull ? NULL : (Jsonb *) copy_out(v);
-	v = SPI_getbinval(tuple, tupdesc, 10, &isnull);
-	rec->response_body = isnull ? NULL : (Jsonb *) copy_out(v);
-	v = SPI_getbinval(tuple, tupdesc, 11, &isnull);
-	rec->resource_id = isnull ? NULL : (text *) copy_out(v);
-	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tuple, tupdesc, 12, &isnull));
+	rec->recovery_point = nulls[4] ? NULL : (text *) copy_out(values[4]);
+	rec->has_lease = !nulls[5];
+	rec->locked_until = nulls[5] ? 0 : DatumGetTimestampTz(values[5]);
+	rec->on_lease_expiry = idem_policy_from_oid(cat, DatumGetObjectId(values[6]));
+	rec->has_response_status = !nulls[7];
+	rec->response_status = nulls[7] ? 0 : DatumGetInt32(values[7]);
+	rec->response_headers = nulls[8] ? NULL : (Jsonb *) copy_out(values[8]);
+	rec->response_body = nulls[9] ? NULL : (Jsonb *) copy_out(values[9]);
+	rec->resource_id = nulls[10] ? NULL : (text *) copy_out(values[10]);
+	rec->expires_at = DatumGetTimestampTz(values[11]);
+}
+
+/*
+ * Copy the first row SPI returned (RECORD_COLUMNS, then the scope columns
+ * if with_scope) into rec.
+ */
+static void
+read_spi_row(IdemRecord *rec, bool with_scope)
+{
+	HeapTuple	tuple = SPI_tuptable->vals[0];
+	TupleDesc	tupdesc = SPI_tuptable->tupdesc;
+	Datum		values[RECORD_COLUMN_COUNT];
+	bool		nulls[RECORD_COLUMN_COUNT];
+	bool		isnull;
+	int			i;
+
+	for (i = 0; i < RECORD_COLUMN_COUNT; i++)
+		values[i] = SPI_getbinval(tuple, tupdesc, i + 1, &nulls[i]);
+	read_record(values, nulls, rec);
 
 	if (with_scope)
 	{
-		rec->scope.role = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 13, &isnull));
-		rec->scope.tenant = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 14, &isnull));
-		rec->scope.caller = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 15, &isnull));
-		rec->scope.operation = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 16, &isnull));
-		rec->scope.key = (text *) copy_out(SPI_getbinval(tuple, tupdesc, 17, &isnull));
+		i = RECORD_COLUMN_COUNT + 1;
+		rec->scope.role = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull));
+		rec->scope.tenant = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull));
+		rec->scope.caller = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull));
+		rec->scope.operation = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull));
+		rec->scope.key = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i, &isnull));
 	}
 }
 
