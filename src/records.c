@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * records.c
- *	  Reads and writes of idem_records, each one prepared SPI plan kept for
- *	  the life of the backend.
+ *	  Reads and writes of idem_records.  The read every claim and replay
+ *	  starts with probes the unique index directly; every other statement is
+ *	  a prepared SPI plan kept for the life of the backend.
  *
  * Every write names the exact version it expects (state, attempt, and for
  * attempt writes the token's secret) in its WHERE clause, so a write based
@@ -31,11 +32,11 @@
  */
 #include "postgres.h"
 
-#include "catalog/pg_type.h"
 #include "access/genam.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
