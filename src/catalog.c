@@ -39,7 +39,6 @@ static bool callback_registered = false;
 
 static void invalidate_catalog(Datum arg, Oid relid);
 static Oid	enum_label_oid(Oid type, const char *label);
-static Oid	extension_schema(Oid ext);
 
 /*
  * The extension's catalog objects, looked up if needed.  Raises an error
@@ -69,7 +68,7 @@ idem_catalog(void)
 				 errmsg("extension \"%s\" is not installed in this database",
 						IDEM_EXTENSION_NAME),
 				 errhint("Run CREATE EXTENSION %s.", IDEM_EXTENSION_NAME)));
-	nsp = extension_schema(ext);
+	nsp = idem_extension_schema(ext);
 	table = get_relname_relid(IDEM_RECORDS_TABLE, nsp);
 	if (!OidIsValid(table))
 		ereport(ERROR,
@@ -168,10 +167,11 @@ enum_label_oid(Oid type, const char *label)
 }
 
 /*
- * The schema an extension was created in (pg_extension.extnamespace).
+ * The schema an extension was created in (pg_extension.extnamespace;
+ * get_extension_schema() is not exported before PostgreSQL 16).
  */
-static Oid
-extension_schema(Oid ext)
+Oid
+idem_extension_schema(Oid ext)
 {
 	Relation	rel;
 	ScanKeyData key;

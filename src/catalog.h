@@ -26,6 +26,7 @@ typedef struct IdemCatalog
 } IdemCatalog;
 
 extern const IdemCatalog *idem_catalog(void);
+extern Oid	idem_extension_schema(Oid ext);
 extern IdemState idem_state_from_oid(const IdemCatalog *cat, Oid value);
 extern IdemLeasePolicy idem_policy_from_oid(const IdemCatalog *cat, Oid value);
 

@@ -64,6 +64,7 @@
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
+#include "catalog.h"
 #include "maintenance.h"
 
 PG_FUNCTION_INFO_V1(idem_expire_leases);
@@ -75,7 +76,6 @@ static SPIPlanPtr cleanup_plan = NULL;
 static Oid	plans_extoid = InvalidOid;
 static Oid	plans_nspoid = InvalidOid;
 
-static Oid	extension_schema(Oid extoid);
 static SPIPlanPtr prepare_kept_plan(const char *query);
 static int64 run_batch(SPIPlanPtr plan, TimestampTz cutoff, int limit, int expected);
 static int	positive_argument(FunctionCallInfo fcinfo, int argno,
@@ -103,32 +103,6 @@ idem_installed_extension(void)
 }
 
 /*
- * The schema an extension is installed in (get_extension_schema() is not
- * exported before PostgreSQL 16).
- */
-static Oid
-extension_schema(Oid extoid)
-{
-	Oid			result = InvalidOid;
-	Relation	rel;
-	SysScanDesc scan;
-	HeapTuple	tuple;
-	ScanKeyData key[1];
-
-	rel = table_open(ExtensionRelationId, AccessShareLock);
-	ScanKeyInit(&key[0], Anum_pg_extension_oid,
-				BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(extoid));
-	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, key);
-	tuple = systable_getnext(scan);
-	if (HeapTupleIsValid(tuple))
-		result = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-
-	return result;
-}
-
-/*
  * Free the kept plans, so that the next idem_maintenance_prepare() builds
  * new ones.  Called when the extension is gone.
  */
@@ -152,7 +126,7 @@ idem_maintenance_forget(void)
 void
 idem_maintenance_prepare(Oid extoid)
 {
-	Oid			nspoid = extension_schema(extoid);
+	Oid			nspoid = idem_extension_schema(extoid);
 	const char *nsp;
 
 	if (lease_plan != NULL && extoid == plans_extoid && nspoid == plans_nspoid)
