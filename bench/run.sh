@@ -28,7 +28,7 @@
 #   CLIENTS 4, KEYS 100000 / 20000 (finished and running keys for replays)
 #   ROUNDS 5 / 2, RUN_SECONDS 10 / 3, WORKLOADS "new replay inprogress"
 #   FP_ROUNDS 3 / 1, FP_SECONDS 10 / 3 (fingerprint.sh's BENCH_REPEATS, BENCH_SECONDS)
-#   BACKLOG 1000000 / 100000, CLEANUP_ROUNDS 3 / 1, CLEANUP_SECONDS 60 / 15,
+#   BACKLOG 1000000 / 100000, CLEANUP_ROUNDS 3 / 1, CLEANUP_SECONDS 45 / 15,
 #   NAPTIME 1s (the worker's naptime while it drains)
 #   SIZES "10000 1000000 10000000" / "10000 200000", SIZE_ROUNDS 3 / 1, SIZE_SECONDS 20 / 5
 #   MEM_SECONDS 300 / 30, MEM_INTERVAL 30 / 5
@@ -57,7 +57,7 @@ FP_ROUNDS=${FP_ROUNDS:-3}
 FP_SECONDS=${FP_SECONDS:-10}
 BACKLOG=${BACKLOG:-1000000}
 CLEANUP_ROUNDS=${CLEANUP_ROUNDS:-3}
-CLEANUP_SECONDS=${CLEANUP_SECONDS:-60}
+CLEANUP_SECONDS=${CLEANUP_SECONDS:-45}
 NAPTIME=${NAPTIME:-1s}
 SIZES=${SIZES:-10000 1000000 10000000}
 SIZE_ROUNDS=${SIZE_ROUNDS:-3}
@@ -294,7 +294,7 @@ part_cleanup() {
         m99w=$(awk -F'\t' '{ split($5, b, " "); print b[3] }' "$res" | median)
         printf '| median | %s | | | | %.2f | %.2f | %.2f | %.2f | %s |\n' \
             "$(cut -f2 "$res" | median)" "$m50b" "$m50w" "$m99b" "$m99w" \
-            "$(awk -F'\t' '{ split($4, b, " "); split($5, w, " "); print w[3] / b[3] }' "$res" | median)"
+            "$(awk -F'\t' '{ split($4, b, " "); split($5, w, " "); printf "%.2f\n", w[3] / b[3] }' "$res" | median)"
         echo
         echo "New-key claim+complete transactions (bench/workloads/new_ext.sql), $CLIENTS clients; the worker"
         echo "with idempotency.naptime = $NAPTIME and the default batch settings in both runs; latencies over"
@@ -381,14 +381,18 @@ part_memory() {
         done
         sleep 1
         for pid in $pids; do
-            rss=$(awk '/^RssAnon:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+            # A backend gone (pgbench ended meanwhile) gives no sample.
+            rss=$(awk '/^RssAnon:/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || true
             ctx=$(tail -c +"$((off + 1))" "$IDEM_TMP/server.log" |
                 sed -n "s/.*\[$pid\] LOG:  Grand total: \([0-9]*\) bytes.*/\1/p" | tail -1)
-            printf '%s\t%s\t%s\t%s\n' "$el" "$pid" "${rss:-0}" "${ctx:-0}" >>"$series"
+            [ -n "$rss" ] && [ -n "$ctx" ] || continue
+            printf '%s\t%s\t%s\t%s\n' "$el" "$pid" "$rss" "$ctx" >>"$series"
         done
         # Sleep to the next multiple of MEM_INTERVAL, or until pgbench ends.
-        t=$(awk -v a="$(now)" -v b="$t0" -v i="$MEM_INTERVAL" 'BEGIN { e = a - b; printf "%d", (int(e / i) + 1) * i - e }')
-        for _ in $(seq 1 "$t"); do kill -0 "$pg" 2>/dev/null || break; sleep 1; done
+        t=$(awk -v a="$(now)" -v b="$t0" -v i="$MEM_INTERVAL" 'BEGIN { printf "%.3f", b + (int((a - b) / i) + 1) * i }')
+        while kill -0 "$pg" 2>/dev/null && awk -v a="$(now)" -v t="$t" 'BEGIN { exit !(a < t - 0.5) }'; do
+            sleep 0.5
+        done
     done
     wait "$pg" || { cat "$IDEM_TMP/memory.out" >&2; return 1; }
     {
