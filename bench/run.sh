@@ -204,24 +204,33 @@ part_tps() {
         psql_bench -c "VACUUM ANALYZE"
     done
     tps_of() { awk -F'\t' -v v="$1" '$1 == v { print $2 }' "$results" | median; }
+    # The median over rounds of the ratio a/b within each round.
+    round_ratio() {
+        awk -F'\t' -v a="$1" -v b="$2" '$1 == a { x[++na] = $2 } $1 == b { y[++nb] = $2 }
+            END { for (i = 1; i <= na && i <= nb; i++) printf "%.4f\n", x[i] / y[i] }' "$results" |
+            median | awk '{ printf "%.2f", $1 }'
+    }
     {
         echo "### Throughput: the extension, the floor and the PL/pgSQL peer"
         echo
-        echo "| workload | extension tps | floor tps | peer tps | extension / floor | extension / peer |"
-        echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+        echo "| workload | extension tps | floor tps | peer tps | extension / floor | extension / peer | median of the rounds' extension / floor | median of the rounds' extension / peer |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         for w in $WORKLOADS; do
             ext=$(tps_of "${w}_ext")
             peer=$(tps_of "${w}_peer")
             if [ "$w" = inprogress ]; then
-                printf '| %s | %.0f | - | %.0f | - | %s |\n' "$w" "$ext" "$peer" "$(ratio "$ext" "$peer")"
+                printf '| %s | %.0f | - | %.0f | - | %s | - | %s |\n' "$w" "$ext" "$peer" \
+                    "$(ratio "$ext" "$peer")" "$(round_ratio "${w}_ext" "${w}_peer")"
             else
                 floor=$(tps_of "${w}_floor")
-                printf '| %s | %.0f | %.0f | %.0f | %s | %s |\n' "$w" "$ext" "$floor" "$peer" \
-                    "$(ratio "$ext" "$floor")" "$(ratio "$ext" "$peer")"
+                printf '| %s | %.0f | %.0f | %.0f | %s | %s | %s | %s |\n' "$w" "$ext" "$floor" "$peer" \
+                    "$(ratio "$ext" "$floor")" "$(ratio "$ext" "$peer")" \
+                    "$(round_ratio "${w}_ext" "${w}_floor")" "$(round_ratio "${w}_ext" "${w}_peer")"
             fi
         done
         echo
-        echo "Medians of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run."
+        echo "Medians of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run; the ratios of medians,"
+        echo "then the median of the ratio measured within each round."
         echo
     } | out
 }
