@@ -1,94 +1,450 @@
 #!/usr/bin/env bash
 # bench/run.sh: measure the extension side by side with its baselines.
 #
-# Starts a throwaway cluster (as scripts/test.sh does), loads the baselines
-# of bench/baselines.sql, and runs each workload's variants in alternation,
-# ROUNDS times, with pgbench (prepared statements, CLIENTS clients,
-# SECONDS seconds each).  Prints the median tps of every variant and the
-# ratios the targets are about, as a Markdown table.
+#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory]
 #
-# Environment: ROUNDS (5), SECONDS (10), CLIENTS (4), KEYS (100000),
-# WORKLOADS (new replay inprogress).
+# One command, one throwaway cluster (scripts/lib.sh), a Markdown report
+# printed at the end.  The parts (bench/README.md says what each measures):
+#
+#   tps          new keys, replays, in-progress answers: the extension, the
+#                floor and the PL/pgSQL peer (bench/baselines.sql), ROUNDS
+#                alternating rounds of RUN_SECONDS each; median tps, ratios.
+#   fingerprint  bench/fingerprint.sh (its own cluster): idem_fingerprint
+#                against sha256(doc::text::bytea) on 1 KB, 10 KB, 1 MB.
+#   cleanup      claim p50/p99 while the worker drains an expired backlog of
+#                BACKLOG records, against the same run without a backlog,
+#                CLEANUP_ROUNDS alternating rounds; drain time.
+#   size         new-key claim+complete p50/p99 and tps with SIZES records
+#                already in idem_records (one database per size, the sizes
+#                alternating in SIZE_ROUNDS rounds).
+#   memory       pgbench backends' RssAnon and memory-context totals sampled
+#                every MEM_INTERVAL seconds over a MEM_SECONDS mixed run.
+#
+#   quick        all five, small: a smoke test of a few minutes.
+#   full         all five at the issue's sizes (about 31 minutes on 2 cores).
+#
+# Environment (defaults for full / quick; a single part uses full's):
+#   PG_CONFIG, KEEP_TMP=1 (scripts/lib.sh), REPORT=file (also write the report there)
+#   CLIENTS 4, KEYS 100000 / 20000 (finished and running keys for replays)
+#   ROUNDS 5 / 2, RUN_SECONDS 10 / 3, WORKLOADS "new replay inprogress"
+#   FP_ROUNDS 3 / 1, FP_SECONDS 10 / 3 (fingerprint.sh's BENCH_REPEATS, BENCH_SECONDS)
+#   BACKLOG 1000000 / 100000, CLEANUP_ROUNDS 3 / 1, CLEANUP_SECONDS 45 / 15,
+#   NAPTIME 1s (the worker's naptime while it drains)
+#   SIZES "10000 1000000 10000000" / "10000 200000", SIZE_ROUNDS 3 / 1, SIZE_SECONDS 20 / 5
+#   MEM_SECONDS 300 / 30, MEM_INTERVAL 30 / 5
 set -euo pipefail
-. "$(dirname "$0")/../scripts/lib.sh"
+BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
+. "$BENCH_DIR/../scripts/lib.sh"
 
-ROUNDS=${ROUNDS:-5}
-SECONDS_PER_RUN=${SECONDS:-10}
+MODE=${1:-quick}
+case $MODE in
+    quick)
+        PARTS="tps fingerprint cleanup size memory"
+        : "${KEYS:=20000}" "${ROUNDS:=2}" "${RUN_SECONDS:=3}" "${FP_ROUNDS:=1}" "${FP_SECONDS:=3}"
+        : "${BACKLOG:=100000}" "${CLEANUP_ROUNDS:=1}" "${CLEANUP_SECONDS:=15}"
+        : "${SIZES:=10000 200000}" "${SIZE_ROUNDS:=1}" "${SIZE_SECONDS:=5}"
+        : "${MEM_SECONDS:=30}" "${MEM_INTERVAL:=5}" ;;
+    full) PARTS="tps fingerprint cleanup size memory" ;;
+    tps|fingerprint|cleanup|size|memory) PARTS=$MODE ;;
+    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory]" >&2; exit 2 ;;
+esac
 CLIENTS=${CLIENTS:-4}
 KEYS=${KEYS:-100000}
+ROUNDS=${ROUNDS:-5}
+RUN_SECONDS=${RUN_SECONDS:-10}
 WORKLOADS=${WORKLOADS:-new replay inprogress}
+FP_ROUNDS=${FP_ROUNDS:-3}
+FP_SECONDS=${FP_SECONDS:-10}
+BACKLOG=${BACKLOG:-1000000}
+CLEANUP_ROUNDS=${CLEANUP_ROUNDS:-3}
+CLEANUP_SECONDS=${CLEANUP_SECONDS:-45}
+NAPTIME=${NAPTIME:-1s}
+SIZES=${SIZES:-10000 1000000 10000000}
+SIZE_ROUNDS=${SIZE_ROUNDS:-3}
+SIZE_SECONDS=${SIZE_SECONDS:-20}
+MEM_SECONDS=${MEM_SECONDS:-300}
+MEM_INTERVAL=${MEM_INTERVAL:-30}
+has_part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+START_TIME=$(date +%s)
+FP_REPORT=""
+if has_part fingerprint; then
+    # fingerprint.sh runs its own throwaway cluster; it is done before ours starts.
+    log "fingerprint: bench/fingerprint.sh ($FP_ROUNDS rounds of ${FP_SECONDS}s)"
+    FP_REPORT=$(BENCH_SECONDS=$FP_SECONDS BENCH_REPEATS=$FP_ROUNDS BENCH_CLIENTS=$CLIENTS \
+        bash "$BENCH_DIR/fingerprint.sh")
+fi
 
 trap cleanup EXIT
 install_packages
 build_and_install
 make_workdir
-start_cluster "idempotency.database = 'postgres'" \
-    "synchronous_commit = off" \
-    "shared_buffers = '512MB'" \
-    "max_wal_size = '4GB'" \
-    "checkpoint_timeout = '30min'"
+if has_part tps || has_part cleanup || has_part size || has_part memory; then
+    start_cluster "idempotency.database = 'bench'" \
+        "idempotency.naptime = '1h'" \
+        "synchronous_commit = off" \
+        "shared_buffers = '512MB'" \
+        "maintenance_work_mem = '512MB'" \
+        "max_wal_size = '8GB'" \
+        "checkpoint_timeout = '30min'" \
+        "log_line_prefix = '%m [%p] '"
+fi
 
 bindir=$("$PG_CONFIG" --bindir)
-psql_bench() { as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d bench "$@"; }
+REPORT_MD=$IDEM_TMP/report.md
+LOGS=$IDEM_TMP/logs
+as_postgres mkdir -p "$LOGS"
+: >"$REPORT_MD"
+W=$IDEM_TMP/src/bench/workloads
+out() { cat >>"$REPORT_MD"; }
+psql_db() { local db=$1; shift; as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" "$@"; }
+psql_bench() { psql_db bench "$@"; }
+sql_value() { as_postgres "$bindir/psql" -X -At -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+median() {
+    sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+now() { date +%s.%N; }
 
-as_postgres "$bindir/createdb" bench
-psql_bench -c "CREATE EXTENSION idempotency"
-psql_bench -f "$IDEM_TMP/src/bench/baselines.sql"
-log "loading $KEYS finished and $KEYS running keys into each table"
-psql_bench -v keys="$KEYS" -f "$IDEM_TMP/src/bench/load.sql"
-
-results=$IDEM_TMP/results.tsv
-: >"$results"
-
-# Run one variant once; append "variant<TAB>tps" to the results.
-run_variant() {
-    local variant=$1 out tps
-    out=$(as_postgres "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 \
-        -T "$SECONDS_PER_RUN" -D keys="$KEYS" \
-        -f "$IDEM_TMP/src/bench/workloads/$variant.sql" bench 2>&1) \
-        || { echo "$out" >&2; return 1; }
-    tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
-    printf '%s\t%s\n' "$variant" "$tps" >>"$results"
-    printf '  %-16s %10.0f tps\n' "$variant" "$tps" >&2
+# Set one of the worker's settings and reload (the worker wakes up at once).
+worker_setting() {
+    psql_bench -c "ALTER SYSTEM SET idempotency.$1 = '$2'" -c "SELECT pg_reload_conf()" >/dev/null
 }
 
-variants_of() {
-    case $1 in
-        new) echo "new_floor new_peer new_ext" ;;
-        replay) echo "replay_floor replay_peer replay_ext" ;;
-        inprogress) echo "inprogress_peer inprogress_ext" ;;
+# COPY n finished records (succeeded, with a response) into db's idem_records,
+# numbered from..to, with keys spread over the key space of the new-key
+# workload ('n-<client>-<number>-...').  age "live": expires in a day; age
+# "expired": expired a day ago (well past cleanup_grace).  COPY FROM is the
+# one way the state-machine trigger lets a record be born finished.
+copy_records() {
+    local db=$1 from=$2 to=$3 age=$4 ts
+    case $age in
+        live) ts="now()" ;;
+        expired) ts="now() - interval '2 days'" ;;
     esac
+    as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -c "COPY (
+        SELECT current_user, '', current_user, 'payments.create',
+               'n-' || g % 4 || '-' || (g * 2654435761) % 2000000000 || '-$age' || g,
+               fp, 'succeeded', 1, 'unknown', interval '1 day', 201,
+               '{\"Location\": \"/payments/PAY-1\"}',
+               '{\"id\": \"PAY-1\", \"amount\": 100, \"currency\": \"EUR\", \"status\": \"captured\"}',
+               ts, ts, ts, ts, ts + interval '1 day'
+          FROM (SELECT idem_fingerprint('{\"amount\": 100.00, \"currency\": \"EUR\", \"customer\": \"cus_123\", \"description\": \"order 42\"}') AS fp,
+                       $ts AS ts) c,
+               generate_series($from::bigint, $to::bigint) AS g) TO STDOUT" |
+    as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -c "COPY idem_records
+        (role, tenant, caller, operation, key, fingerprint, state, attempt,
+         on_lease_expiry, ttl, response_status, response_headers, response_body,
+         created_at, claimed_at, updated_at, completed_at, expires_at) FROM STDIN"
 }
 
-for round in $(seq 1 "$ROUNDS"); do
-    log "round $round of $ROUNDS"
-    for w in $WORKLOADS; do
-        for v in $(variants_of "$w"); do
-            run_variant "$v"
+# COPY n records in chunks of a million (progress in the log).
+load_records() {
+    local db=$1 n=$2 age=$3 from=1 to
+    while [ "$from" -le "$n" ]; do
+        to=$((from + 999999)); [ "$to" -le "$n" ] || to=$n
+        copy_records "$db" "$from" "$to" "$age"
+        [ "$n" -le 1000000 ] || log "  $db: $to of $n records"
+        from=$((to + 1))
+    done
+}
+
+# pgbench with per-transaction logs: pgbench_logged db name seconds args...
+# The logs are $LOGS/name.*; prints pgbench's tps.
+pgbench_logged() {
+    local db=$1 name=$2 secs=$3 out; shift 3
+    out=$(as_postgres "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 -T "$secs" \
+        -D keys="$KEYS" -l --log-prefix="$LOGS/$name" "$@" "$db" 2>&1) \
+        || { echo "$out" >&2; return 1; }
+    echo "$out" | sed -n 's/^tps = \([0-9.]*\) .*/\1/p'
+}
+
+# Transactions of $LOGS/name.* that ended between from and to (epoch seconds):
+# prints "count p50_ms p99_ms".
+lat_stats() {
+    local name=$1 from=${2:-0} to=${3:-1e12}
+    cat "$LOGS/$name".* | awk -v f="$from" -v t="$to" '{ e = $5 + $6 / 1e6; if (e >= f && e <= t) print $3 }' |
+        sort -n | awk '
+        function pct(p,   i) { i = int(NR * p); if (i < NR * p) i++; if (i < 1) i = 1; return v[i] / 1000 }
+        { v[NR] = $1 }
+        END { if (NR == 0) { print "0 0 0"; exit } printf "%d %.3f %.3f\n", NR, pct(0.5), pct(0.99) }'
+}
+
+needs_bench_db() {
+    as_postgres "$bindir/createdb" bench
+    psql_bench -c "CREATE EXTENSION idempotency"
+    psql_bench -f "$IDEM_TMP/src/bench/baselines.sql"
+    log "loading $KEYS finished and $KEYS running keys into each table"
+    psql_bench -v keys="$KEYS" -f "$IDEM_TMP/src/bench/load.sql"
+}
+
+# --- tps: the extension against the floor and the peer ------------------------
+part_tps() {
+    local results=$IDEM_TMP/results.tsv round w v tps ext peer floor
+    : >"$results"
+    variants_of() {
+        case $1 in
+            new) echo "new_floor new_peer new_ext" ;;
+            replay) echo "replay_floor replay_peer replay_ext" ;;
+            inprogress) echo "inprogress_peer inprogress_ext" ;;
+        esac
+    }
+    for round in $(seq 1 "$ROUNDS"); do
+        log "tps: round $round of $ROUNDS"
+        for w in $WORKLOADS; do
+            for v in $(variants_of "$w"); do
+                tps=$(as_postgres "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 \
+                    -T "$RUN_SECONDS" -D keys="$KEYS" -f "$W/$v.sql" bench 2>&1 |
+                    sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
+                [ -n "$tps" ] || { log "pgbench failed for $v"; return 1; }
+                printf '%s\t%s\n' "$v" "$tps" >>"$results"
+                printf '  %-16s %10.0f tps\n' "$v" "$tps" >&2
+            done
+        done
+        psql_bench -c "VACUUM ANALYZE"
+    done
+    tps_of() { awk -F'\t' -v v="$1" '$1 == v { print $2 }' "$results" | median; }
+    # The median over rounds of the ratio a/b within each round.
+    round_ratio() {
+        awk -F'\t' -v a="$1" -v b="$2" '$1 == a { x[++na] = $2 } $1 == b { y[++nb] = $2 }
+            END { for (i = 1; i <= na && i <= nb; i++) printf "%.4f\n", x[i] / y[i] }' "$results" |
+            median | awk '{ printf "%.2f", $1 }'
+    }
+    {
+        echo "### Throughput: the extension, the floor and the PL/pgSQL peer"
+        echo
+        echo "| workload | extension tps | floor tps | peer tps | extension / floor | extension / peer | median of the rounds' extension / floor | median of the rounds' extension / peer |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for w in $WORKLOADS; do
+            ext=$(tps_of "${w}_ext")
+            peer=$(tps_of "${w}_peer")
+            if [ "$w" = inprogress ]; then
+                printf '| %s | %.0f | - | %.0f | - | %s | - | %s |\n' "$w" "$ext" "$peer" \
+                    "$(ratio "$ext" "$peer")" "$(round_ratio "${w}_ext" "${w}_peer")"
+            else
+                floor=$(tps_of "${w}_floor")
+                printf '| %s | %.0f | %.0f | %.0f | %s | %s | %s | %s |\n' "$w" "$ext" "$floor" "$peer" \
+                    "$(ratio "$ext" "$floor")" "$(ratio "$ext" "$peer")" \
+                    "$(round_ratio "${w}_ext" "${w}_floor")" "$(round_ratio "${w}_ext" "${w}_peer")"
+            fi
+        done
+        echo
+        echo "Medians of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run; the ratios of medians,"
+        echo "then the median of the ratio measured within each round."
+        echo
+    } | out
+}
+
+# --- cleanup: claim latency while the worker drains a backlog ------------------
+part_cleanup() {
+    local round t0 t1 d0 d drained base with line progress elapsed n
+    local base_stats with_stats len tps_b tps_w
+    local res=$IDEM_TMP/cleanup.tsv
+    : >"$res"
+    for round in $(seq 1 "$CLEANUP_ROUNDS"); do
+        # Without a backlog: the worker runs its (empty) cycles every NAPTIME.
+        log "cleanup: round $round of $CLEANUP_ROUNDS, without a backlog (${CLEANUP_SECONDS}s)"
+        worker_setting naptime "$NAPTIME"
+        psql_bench -c "VACUUM ANALYZE idem_records" -c CHECKPOINT
+        t0=$(now)
+        pgbench_logged bench "base$round" "$CLEANUP_SECONDS" -f "$W/new_ext.sql" >/dev/null
+
+        # With: BACKLOG expired records, which the worker starts deleting
+        # when pgbench starts.
+        worker_setting naptime 1h
+        log "cleanup: loading $BACKLOG expired records"
+        load_records bench "$BACKLOG" expired
+        psql_bench -c "VACUUM ANALYZE idem_records" -c CHECKPOINT
+        d0=$(sql_value bench "SELECT rows_deleted FROM idem_worker_status() WHERE database = 'bench'")
+        log "cleanup: round $round, draining the backlog while claims run (${CLEANUP_SECONDS}s)"
+        progress=$IDEM_TMP/drain$round.txt
+        : >"$progress"
+        as_postgres "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 -T "$CLEANUP_SECONDS" \
+            -l --log-prefix="$LOGS/with$round" -f "$W/new_ext.sql" bench >"$IDEM_TMP/with$round.out" 2>&1 &
+        local pg=$!
+        t1=$(now)
+        worker_setting naptime "$NAPTIME"
+        drained=""
+        while kill -0 "$pg" 2>/dev/null; do
+            d=$(sql_value bench "SELECT rows_deleted FROM idem_worker_status() WHERE database = 'bench'")
+            elapsed=$(awk -v a="$(now)" -v b="$t1" 'BEGIN { printf "%.1f", a - b }')
+            echo "$elapsed $((d - d0))" >>"$progress"
+            if [ -z "$drained" ] && [ $((d - d0)) -ge "$BACKLOG" ]; then
+                drained=$elapsed
+                log "cleanup: backlog drained after ${drained}s"
+            fi
+            sleep 0.5
+        done
+        wait "$pg" || { cat "$IDEM_TMP/with$round.out" >&2; return 1; }
+        n=$(sql_value bench "SELECT count(*) FROM idem_records WHERE key LIKE '%-expired%'")
+        # Compare the drain window with the same length of the run without.
+        len=${drained:-$CLEANUP_SECONDS}
+        base_stats=$(lat_stats "base$round" "$t0" "$(awk -v a="$t0" -v l="$len" 'BEGIN { printf "%.3f", a + l }')")
+        with_stats=$(lat_stats "with$round" "$t1" "$(awk -v a="$t1" -v l="$len" 'BEGIN { printf "%.3f", a + l }')")
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$len" "${drained:-not drained}" "$base_stats" "$with_stats" "$n" >>"$res"
+        log "cleanup: round $round: without $base_stats, with $with_stats (count p50 p99), $n left"
+        cp "$progress" "$IDEM_TMP/progress_last.txt"
+        worker_setting naptime 1h
+    done
+    {
+        echo "### Claims while the worker drains a backlog of $BACKLOG expired records"
+        echo
+        echo "| round | drain time (s) | records left | claims/s without | claims/s during | p50 without (ms) | p50 during (ms) | p99 without (ms) | p99 during (ms) | p99 during / without |"
+        echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        awk -F'\t' '{
+            split($4, b, " "); split($5, w, " ")
+            printf "| %s | %s | %s | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                $1, $3, $6, b[1] / $2, w[1] / $2, b[2], w[2], b[3], w[3], w[3] / b[3]
+        }' "$res"
+        local m50b m50w m99b m99w
+        m50b=$(awk -F'\t' '{ split($4, b, " "); print b[2] }' "$res" | median)
+        m50w=$(awk -F'\t' '{ split($5, b, " "); print b[2] }' "$res" | median)
+        m99b=$(awk -F'\t' '{ split($4, b, " "); print b[3] }' "$res" | median)
+        m99w=$(awk -F'\t' '{ split($5, b, " "); print b[3] }' "$res" | median)
+        printf '| median | %s | | | | %.2f | %.2f | %.2f | %.2f | %s |\n' \
+            "$(cut -f2 "$res" | median)" "$m50b" "$m50w" "$m99b" "$m99w" \
+            "$(awk -F'\t' '{ split($4, b, " "); split($5, w, " "); printf "%.2f\n", w[3] / b[3] }' "$res" | median)"
+        echo
+        echo "New-key claim+complete transactions (bench/workloads/new_ext.sql), $CLIENTS clients; the worker"
+        echo "with idempotency.naptime = $NAPTIME and the default batch settings in both runs; latencies over"
+        echo "the drain window (the same length from the start of the run without a backlog)."
+        echo "Drain progress of the last round (seconds since pgbench started, records deleted):"
+        echo
+        echo '```'
+        awk 'NR % 4 == 1' "$IDEM_TMP/progress_last.txt" | tr '\n' ';' | sed 's/;$//; s/;/; /g'
+        echo
+        echo '```'
+        echo
+    } | out
+    psql_bench -c "VACUUM ANALYZE idem_records"
+}
+
+# --- size: claim latency with 10k, 1M, 10M records -----------------------------
+part_size() {
+    local n db t0 round order tps stats res=$IDEM_TMP/size.tsv
+    : >"$res"
+    for n in $SIZES; do
+        db=size_$n
+        t0=$(date +%s)
+        as_postgres "$bindir/createdb" "$db"
+        psql_db "$db" -c "CREATE EXTENSION idempotency" \
+            -c "CREATE TABLE payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount numeric NOT NULL, currency text NOT NULL)"
+        log "size: loading $n records into $db"
+        load_records "$db" "$n" live
+        psql_db "$db" -c "VACUUM ANALYZE idem_records" -c CHECKPOINT
+        log "size: $db loaded in $(( $(date +%s) - t0 ))s"
+        printf '%s load %s\n' "$n" "$(( $(date +%s) - t0 ))" >>"$IDEM_TMP/size_load.txt"
+    done
+    for round in $(seq 1 "$SIZE_ROUNDS"); do
+        order=$SIZES
+        [ $((round % 2)) -eq 1 ] || order=$(echo "$SIZES" | tr ' ' '\n' | tac | tr '\n' ' ')
+        for n in $order; do
+            tps=$(pgbench_logged "size_$n" "size_${n}_$round" "$SIZE_SECONDS" -f "$W/new_ext.sql")
+            stats=$(lat_stats "size_${n}_$round")
+            printf '%s\t%s\t%s\n' "$n" "$tps" "$stats" >>"$res"
+            log "size: round $round, $n records: $tps tps, $stats (count p50 p99)"
         done
     done
-    psql_bench -c "VACUUM ANALYZE"
-done
-
-median() {
-    sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    {
+        echo "### New-key claim+complete latency against the size of idem_records"
+        echo
+        echo "| records before | records after | table + indexes | load time (s) | tps | p50 (ms) | p99 (ms) | p50 / first | p99 / first |"
+        echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        local first50="" first99="" tps50 p50 p99 after sz lt
+        for n in $SIZES; do
+            tps50=$(awk -F'\t' -v n="$n" '$1 == n { print $2 }' "$res" | median)
+            p50=$(awk -F'\t' -v n="$n" '$1 == n { split($3, s, " "); print s[2] }' "$res" | median)
+            p99=$(awk -F'\t' -v n="$n" '$1 == n { split($3, s, " "); print s[3] }' "$res" | median)
+            [ -n "$first50" ] || { first50=$p50; first99=$p99; }
+            after=$(sql_value "size_$n" "SELECT count(*) FROM idem_records")
+            sz=$(sql_value "size_$n" "SELECT pg_size_pretty(pg_total_relation_size('idem_records'))")
+            lt=$(awk -v n="$n" '$1 == n { print $3 }' "$IDEM_TMP/size_load.txt")
+            printf '| %s | %s | %s | %s | %.0f | %.2f | %.2f | %s | %s |\n' "$n" "$after" "$sz" "$lt" \
+                "$tps50" "$p50" "$p99" "$(ratio "$p50" "$first50")" "$(ratio "$p99" "$first99")"
+        done
+        echo
+        echo "bench/workloads/new_ext.sql in one database per size, $CLIENTS clients, medians of $SIZE_ROUNDS"
+        echo "rounds of ${SIZE_SECONDS}s, the sizes alternating; records loaded with COPY (finished, keys spread"
+        echo "over the new keys' key space), then VACUUM ANALYZE; shared_buffers = 512MB."
+        echo
+    } | out
 }
-tps_of() { awk -F'\t' -v v="$1" '$1 == v { print $2 }' "$results" | median; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
+# --- memory: backends over a long mixed run ------------------------------------
+part_memory() {
+    local pg pids pid t0 t off line series=$IDEM_TMP/memory.tsv el rss ctx
+    : >"$series"
+    log "memory: ${MEM_SECONDS}s of new keys, replays and in-progress answers, sampled every ${MEM_INTERVAL}s"
+    as_postgres "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 -T "$MEM_SECONDS" -D keys="$KEYS" \
+        -f "$W/new_ext.sql@1" -f "$W/replay_ext.sql@1" -f "$W/inprogress_ext.sql@1" \
+        bench >"$IDEM_TMP/memory.out" 2>&1 &
+    pg=$!
+    t0=$(now)
+    sleep 3
+    pids=$(sql_value bench "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbench' AND datname = 'bench' ORDER BY pid")
+    while kill -0 "$pg" 2>/dev/null; do
+        el=$(awk -v a="$(now)" -v b="$t0" 'BEGIN { printf "%.0f", a - b }')
+        off=$(stat -c %s "$IDEM_TMP/server.log")
+        for pid in $pids; do
+            sql_value bench "SELECT pg_log_backend_memory_contexts($pid)" >/dev/null || true
+        done
+        sleep 1
+        for pid in $pids; do
+            # A backend gone (pgbench ended meanwhile) gives no sample.
+            rss=$(awk '/^RssAnon:/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || true
+            ctx=$(tail -c +"$((off + 1))" "$IDEM_TMP/server.log" |
+                sed -n "s/.*\[$pid\] LOG:  Grand total: \([0-9]*\) bytes.*/\1/p" | tail -1)
+            [ -n "$rss" ] && [ -n "$ctx" ] || continue
+            printf '%s\t%s\t%s\t%s\n' "$el" "$pid" "$rss" "$ctx" >>"$series"
+        done
+        # Sleep to the next multiple of MEM_INTERVAL, or until pgbench ends.
+        t=$(awk -v a="$(now)" -v b="$t0" -v i="$MEM_INTERVAL" 'BEGIN { printf "%.3f", b + (int((a - b) / i) + 1) * i }')
+        while kill -0 "$pg" 2>/dev/null && awk -v a="$(now)" -v t="$t" 'BEGIN { exit !(a < t - 0.5) }'; do
+            sleep 0.5
+        done
+    done
+    wait "$pg" || { cat "$IDEM_TMP/memory.out" >&2; return 1; }
+    {
+        echo "### Backend memory over a ${MEM_SECONDS}s run of claims"
+        echo
+        echo "RssAnon (kB, /proc/<pid>/status) / memory contexts' grand total (kB, pg_log_backend_memory_contexts) of each pgbench backend:"
+        echo
+        awk -F'\t' '
+            { if (!($2 in seen)) { seen[$2] = 1; order[++np] = $2 }
+              if (!($1 in tseen)) { tseen[$1] = 1; times[++nt] = $1 }
+              v[$1, $2] = sprintf("%d / %d", $3, $4 / 1024)
+              if (!(($2) in first)) { first[$2] = $3; firstc[$2] = $4 }
+              last[$2] = $3; lastc[$2] = $4
+              if ($3 > max[$2]) max[$2] = $3 }
+            END {
+                printf "| t (s) |"; for (p = 1; p <= np; p++) printf " backend %d |", p; print ""
+                printf "| ---: |"; for (p = 1; p <= np; p++) printf " ---: |"; print ""
+                for (i = 1; i <= nt; i++) { printf "| %s |", times[i]; for (p = 1; p <= np; p++) printf " %s |", v[times[i], order[p]]; print "" }
+                printf "| growth, first to last |"
+                for (p = 1; p <= np; p++) printf " %+d / %+d |", last[order[p]] - first[order[p]], (lastc[order[p]] - firstc[order[p]]) / 1024
+                print ""
+            }' "$series"
+        echo
+        echo "$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$IDEM_TMP/memory.out") transactions"\
+             "($(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$IDEM_TMP/memory.out" | cut -d. -f1) tps), a third each new keys, replays and in-progress"\
+             "answers, $CLIENTS clients."
+        echo
+    } | out
+}
+
+if has_part tps || has_part cleanup || has_part memory; then needs_bench_db; fi
+if has_part tps; then part_tps; fi
+if has_part cleanup; then part_cleanup; fi
+if has_part size; then part_size; fi
+if has_part memory; then part_memory; fi
+if [ -n "$FP_REPORT" ]; then
+    { echo "### Fingerprint (bench/fingerprint.sh)"; echo; echo "$FP_REPORT"; echo; } | out
+fi
+{
+    echo "Machine: $(nproc) cores, $(free -g | awk '/^Mem:/ { print $2 }') GB of memory," \
+        "PostgreSQL $("$bindir/postgres" --version | awk '{ print $3 }'), synchronous_commit = off, fsync = off." \
+        "Command: bench/run.sh $MODE; took $(( ($(date +%s) - START_TIME) / 60 )) min."
+} | out
 echo
-echo "| workload | extension tps | floor tps | peer tps | extension / floor | extension / peer |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-for w in $WORKLOADS; do
-    ext=$(tps_of "${w}_ext")
-    peer=$(tps_of "${w}_peer")
-    if [ "$w" = inprogress ]; then
-        printf '| %s | %.0f | - | %.0f | - | %s |\n' "$w" "$ext" "$peer" "$(ratio "$ext" "$peer")"
-    else
-        floor=$(tps_of "${w}_floor")
-        printf '| %s | %.0f | %.0f | %.0f | %s | %s |\n' "$w" "$ext" "$floor" "$peer" \
-            "$(ratio "$ext" "$floor")" "$(ratio "$ext" "$peer")"
-    fi
-done
-echo
-echo "medians of $ROUNDS rounds, $CLIENTS clients, ${SECONDS_PER_RUN}s per run, $(nproc) cores, PostgreSQL $("$bindir/postgres" --version | awk '{ print $3 }')"
+cat "$REPORT_MD"
+if [ -n "${REPORT:-}" ]; then cp "$REPORT_MD" "$REPORT"; fi
