@@ -90,7 +90,7 @@ my $all_errors = '';
 # server restarts all sessions, aborting their transactions.
 for my $round (1 .. 3)
 {
-	my ($h, $out, $err) = start_pgbench(4);
+	my ($h, $out, $err) = start_pgbench(8);
 	unless ($node->poll_query_until('postgres',
 			"SELECT count(*) >= 8 FROM pg_stat_activity WHERE application_name = 'stress'"))
 	{
