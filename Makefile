@@ -18,6 +18,7 @@ REGRESS += canonical canonical_numbers
 
 # Claims, records and the state machine
 OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
+	src/record_writer.o \
 	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
 	src/derive.o
 

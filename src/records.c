@@ -47,17 +47,14 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
+#include "record_writer.h"
 #include "records.h"
 
 typedef enum RecordPlan
 {
 	PLAN_FETCH_BY_ID,
-	PLAN_INSERT,
 	PLAN_RESTART,
 	PLAN_MARK_UNKNOWN,
-	PLAN_FINISH,
-	PLAN_EXTEND_LEASE,
-	PLAN_SET_RECOVERY_POINT,
 	PLAN_RESOLVE,
 	NUM_RECORD_PLANS
 } RecordPlan;
@@ -70,18 +67,39 @@ typedef enum RecordPlan
 	"on_lease_expiry, response_status, response_headers, response_body, " \
 	"resource_id, expires_at"
 
+/* The columns the direct writes (record_writer.c) set. */
+typedef enum WriteColumn
+{
+	COL_ID,
+	COL_ROLE,
+	COL_TENANT,
+	COL_CALLER,
+	COL_OPERATION,
+	COL_KEY,
+	COL_FINGERPRINT,
+	COL_STATE,
+	COL_ATTEMPT,
+	COL_ATTEMPT_TOKEN,
+	COL_RECOVERY_POINT,
+	COL_LOCKED_UNTIL,
+	COL_ON_LEASE_EXPIRY,
+	COL_TTL,
+	COL_RESPONSE_STATUS,
+	COL_RESPONSE_HEADERS,
+	COL_RESPONSE_BODY,
+	COL_RESOURCE_ID,
+	COL_CREATED_AT,
+	COL_CLAIMED_AT,
+	COL_UPDATED_AT,
+	COL_COMPLETED_AT,
+	COL_EXPIRES_AT,
+	NUM_WRITE_COLUMNS
+} WriteColumn;
+
 /* Operators of pg_catalog, whatever the search_path says. */
 #define EQ " OPERATOR(pg_catalog.=) "
 #define LE " OPERATOR(pg_catalog.<=) "
 #define PLUS " OPERATOR(pg_catalog.+) "
-
-/*
- * Where the attempt's token must match: $1 id, $2 attempt, $3 secret,
- * $4 role, $5 the 'processing' label.
- */
-#define TOKEN_MATCHES \
-	" WHERE id" EQ "$1 AND attempt" EQ "$2 AND attempt_token" EQ "$3" \
-	" AND role" EQ "$4 AND state" EQ "$5"
 
 static SPIPlanPtr plans[NUM_RECORD_PLANS];
 static uint64 plans_generation = 0;
@@ -89,10 +107,15 @@ static uint64 plans_generation = 0;
 static SPIPlanPtr get_plan(RecordPlan which);
 static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat);
 static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
-static bool run_token_write(RecordPlan which, const IdemToken *token,
-							Datum value, TimestampTz now);
-static void token_values(const IdemToken *token, Datum *values);
-static void token_types(Oid *types, const IdemCatalog *cat);
+static void scope_keys(const IdemScope *scope, ScanKey keys);
+static bool lock_token_attempt(IdemRecordWriter *w, const IdemToken *token);
+static bool token_write(const IdemToken *token, WriteColumn column,
+						Datum value, TimestampTz now);
+static const AttrNumber *write_attnums(Relation heap);
+static void set_column(Datum *values, bool *nulls, AttrNumber attnum,
+					   Datum value);
+static void set_nullable(Datum *values, bool *nulls, AttrNumber attnum,
+						 void *pointer);
 static const AttrNumber *record_attnums(Relation heap);
 static void read_record(const Datum *values, const bool *nulls, IdemRecord *rec);
 static void read_spi_row(IdemRecord *rec, bool with_scope);
@@ -112,7 +135,6 @@ bool
 idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 {
 	const IdemCatalog *cat = idem_catalog();
-	text	   *parts[RECORD_SCOPE_COLUMNS];
 	ScanKeyData keys[RECORD_SCOPE_COLUMNS];
 	Snapshot	snapshot;
 	Relation	heap;
@@ -122,14 +144,7 @@ idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 	bool		found;
 	int			i;
 
-	parts[0] = scope->role;
-	parts[1] = scope->tenant;
-	parts[2] = scope->caller;
-	parts[3] = scope->operation;
-	parts[4] = scope->key;
-	for (i = 0; i < RECORD_SCOPE_COLUMNS; i++)
-		ScanKeyInit(&keys[i], i + 1, BTEqualStrategyNumber, F_TEXTEQ,
-					PointerGetDatum(parts[i]));
+	scope_keys(scope, keys);
 
 	/* make this statement's own earlier writes visible, as SPI would */
 	CommandCounterIncrement();
@@ -181,33 +196,64 @@ idem_record_fetch_by_id(int64 id, text *role, bool any_role, IdemRecord *rec)
 
 /*
  * Insert attempt 1 of a new command.  Returns false, writing nothing, when
- * a committed record of the same scope and key already exists.
+ * a record of the same scope and key was committed since it was read (its
+ * writer held the key lock until then); under REPEATABLE READ or
+ * SERIALIZABLE that is a serialization failure, as for INSERT ... ON
+ * CONFLICT.
  */
 bool
 idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 				   int64 *id)
 {
 	const IdemCatalog *cat = idem_catalog();
-	Datum		values[13];
-	bool		isnull;
+	IdemRecordWriter w;
+	ScanKeyData keys[RECORD_SCOPE_COLUMNS];
+	const AttrNumber *col;
+	Datum	   *values;
+	bool	   *nulls;
 
-	values[0] = PointerGetDatum(scope->role);
-	values[1] = PointerGetDatum(scope->tenant);
-	values[2] = PointerGetDatum(scope->caller);
-	values[3] = PointerGetDatum(scope->operation);
-	values[4] = PointerGetDatum(scope->key);
-	values[5] = bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN);
-	values[6] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
-	values[7] = bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN);
-	values[8] = TimestampTzGetDatum(start->locked_until);
-	values[9] = ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]);
-	values[10] = IntervalPGetDatum(start->ttl);
-	values[11] = TimestampTzGetDatum(start->now);
-	values[12] = TimestampTzGetDatum(start->expires_at);
-	if (run_plan(PLAN_INSERT, values, NULL) == 0)
+	idem_writer_begin(&w);
+	scope_keys(scope, keys);
+	if (idem_writer_key_taken(&w, cat->scope_index_oid, keys,
+							  RECORD_SCOPE_COLUMNS))
+	{
+		if (IsolationUsesXactSnapshot())
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update"),
+					 errdetail("Another transaction claimed the same idempotency key after this transaction's snapshot was taken.")));
+		idem_writer_end(&w);
 		return false;
-	*id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &isnull));
+	}
+
+	col = write_attnums(w.rel);
+	values = idem_writer_new_row(&w, &nulls, false);
+	*id = idem_writer_next_id(&w);
+	set_column(values, nulls, col[COL_ID], Int64GetDatum(*id));
+	set_column(values, nulls, col[COL_ROLE], PointerGetDatum(scope->role));
+	set_column(values, nulls, col[COL_TENANT], PointerGetDatum(scope->tenant));
+	set_column(values, nulls, col[COL_CALLER], PointerGetDatum(scope->caller));
+	set_column(values, nulls, col[COL_OPERATION], PointerGetDatum(scope->operation));
+	set_column(values, nulls, col[COL_KEY], PointerGetDatum(scope->key));
+	set_column(values, nulls, col[COL_FINGERPRINT],
+			   bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN));
+	set_column(values, nulls, col[COL_STATE],
+			   ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]));
+	set_column(values, nulls, col[COL_ATTEMPT], Int32GetDatum(1));
+	set_column(values, nulls, col[COL_ATTEMPT_TOKEN],
+			   bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN));
+	set_column(values, nulls, col[COL_LOCKED_UNTIL],
+			   TimestampTzGetDatum(start->locked_until));
+	set_column(values, nulls, col[COL_ON_LEASE_EXPIRY],
+			   ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]));
+	set_column(values, nulls, col[COL_TTL], IntervalPGetDatum(start->ttl));
+	set_column(values, nulls, col[COL_CREATED_AT], TimestampTzGetDatum(start->now));
+	set_column(values, nulls, col[COL_CLAIMED_AT], TimestampTzGetDatum(start->now));
+	set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(start->now));
+	set_column(values, nulls, col[COL_EXPIRES_AT],
+			   TimestampTzGetDatum(start->expires_at));
+	idem_writer_insert(&w);
+	idem_writer_end(&w);
 	return true;
 }
 
@@ -282,18 +328,38 @@ idem_record_finish(const IdemToken *token, const IdemResponse *response,
 				   TimestampTz now)
 {
 	const IdemCatalog *cat = idem_catalog();
-	Datum		values[11];
-	char		nulls[11];
+	IdemRecordWriter w;
+	const AttrNumber *col;
+	Datum	   *values;
+	bool	   *nulls;
+	bool		ok;
+	Datum		ttl;
 
-	memset(nulls, ' ', sizeof(nulls));
-	token_values(token, values);
-	values[5] = ObjectIdGetDatum(cat->state_oids[response->state]);
-	values[6] = Int32GetDatum(response->http_status);
-	values[7] = nullable(response->headers, &nulls[7]);
-	values[8] = nullable(response->body, &nulls[8]);
-	values[9] = nullable(response->resource_id, &nulls[9]);
-	values[10] = TimestampTzGetDatum(now);
-	return run_plan(PLAN_FINISH, values, nulls) > 0;
+	idem_writer_begin(&w);
+	ok = lock_token_attempt(&w, token);
+	if (ok)
+	{
+		col = write_attnums(w.rel);
+		values = idem_writer_new_row(&w, &nulls, true);
+		ttl = values[col[COL_TTL] - 1];
+		set_column(values, nulls, col[COL_STATE],
+				   ObjectIdGetDatum(cat->state_oids[response->state]));
+		set_column(values, nulls, col[COL_RESPONSE_STATUS],
+				   Int32GetDatum(response->http_status));
+		set_nullable(values, nulls, col[COL_RESPONSE_HEADERS], response->headers);
+		set_nullable(values, nulls, col[COL_RESPONSE_BODY], response->body);
+		set_nullable(values, nulls, col[COL_RESOURCE_ID], response->resource_id);
+		set_nullable(values, nulls, col[COL_ATTEMPT_TOKEN], NULL);
+		set_nullable(values, nulls, col[COL_LOCKED_UNTIL], NULL);
+		set_column(values, nulls, col[COL_COMPLETED_AT], TimestampTzGetDatum(now));
+		set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(now));
+		set_column(values, nulls, col[COL_EXPIRES_AT],
+				   DirectFunctionCall2(timestamptz_pl_interval,
+									   TimestampTzGetDatum(now), ttl));
+		idem_writer_update(&w);
+	}
+	idem_writer_end(&w);
+	return ok;
 }
 
 /*
@@ -304,8 +370,8 @@ bool
 idem_record_extend_lease(const IdemToken *token, TimestampTz locked_until,
 						 TimestampTz now)
 {
-	return run_token_write(PLAN_EXTEND_LEASE, token,
-						   TimestampTzGetDatum(locked_until), now);
+	return token_write(token, COL_LOCKED_UNTIL,
+					   TimestampTzGetDatum(locked_until), now);
 }
 
 /*
@@ -316,8 +382,8 @@ bool
 idem_record_set_recovery_point(const IdemToken *token, text *recovery_point,
 							   TimestampTz now)
 {
-	return run_token_write(PLAN_SET_RECOVERY_POINT, token,
-						   PointerGetDatum(recovery_point), now);
+	return token_write(token, COL_RECOVERY_POINT,
+					   PointerGetDatum(recovery_point), now);
 }
 
 /*
@@ -397,26 +463,6 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 			types[2] = BOOLOID;
 			nargs = 3;
 			break;
-		case PLAN_INSERT:
-			appendStringInfo(&sql,
-							 "INSERT INTO %s (role, tenant, caller, operation, key,"
-							 " fingerprint, state, attempt, attempt_token, locked_until,"
-							 " on_lease_expiry, ttl, created_at, claimed_at, updated_at,"
-							 " expires_at)"
-							 " VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, $9, $10, $11,"
-							 " $12, $12, $12, $13)"
-							 " ON CONFLICT (role, tenant, caller, operation, key) DO NOTHING"
-							 " RETURNING id", t);
-			types[0] = types[1] = types[2] = types[3] = types[4] = TEXTOID;
-			types[5] = BYTEAOID;
-			types[6] = cat->state_type;
-			types[7] = BYTEAOID;
-			types[8] = TIMESTAMPTZOID;
-			types[9] = cat->policy_type;
-			types[10] = INTERVALOID;
-			types[11] = types[12] = TIMESTAMPTZOID;
-			nargs = 13;
-			break;
 		case PLAN_RESTART:
 			appendStringInfo(&sql,
 							 "UPDATE %s SET fingerprint = $3, state = $4, attempt = $5,"
@@ -462,39 +508,6 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 			types[3] = TIMESTAMPTZOID;
 			types[4] = cat->state_type;
 			nargs = 5;
-			break;
-		case PLAN_FINISH:
-			appendStringInfo(&sql,
-							 "UPDATE %s SET state = $6, response_status = $7,"
-							 " response_headers = $8, response_body = $9,"
-							 " resource_id = $10, attempt_token = NULL, locked_until = NULL,"
-							 " completed_at = $11, updated_at = $11,"
-							 " expires_at = $11" PLUS "ttl"
-							 TOKEN_MATCHES " RETURNING id", t);
-			token_types(types, cat);
-			types[5] = cat->state_type;
-			types[6] = INT4OID;
-			types[7] = types[8] = JSONBOID;
-			types[9] = TEXTOID;
-			types[10] = TIMESTAMPTZOID;
-			nargs = 11;
-			break;
-		case PLAN_EXTEND_LEASE:
-			appendStringInfo(&sql,
-							 "UPDATE %s SET locked_until = $6, updated_at = $7"
-							 TOKEN_MATCHES " RETURNING id", t);
-			token_types(types, cat);
-			types[5] = types[6] = TIMESTAMPTZOID;
-			nargs = 7;
-			break;
-		case PLAN_SET_RECOVERY_POINT:
-			appendStringInfo(&sql,
-							 "UPDATE %s SET recovery_point = $6, updated_at = $7"
-							 TOKEN_MATCHES " RETURNING id", t);
-			token_types(types, cat);
-			types[5] = TEXTOID;
-			types[6] = TIMESTAMPTZOID;
-			nargs = 7;
 			break;
 		case PLAN_RESOLVE:
 			appendStringInfo(&sql,
@@ -548,47 +561,148 @@ run_plan(RecordPlan which, Datum *values, const char *nulls)
 }
 
 /*
- * Run a statement that sets one column ($6) of the attempt a token names.
+ * Scan keys of the unique index for a scope and key.
+ */
+static void
+scope_keys(const IdemScope *scope, ScanKey keys)
+{
+	text	   *parts[RECORD_SCOPE_COLUMNS];
+	int			i;
+
+	parts[0] = scope->role;
+	parts[1] = scope->tenant;
+	parts[2] = scope->caller;
+	parts[3] = scope->operation;
+	parts[4] = scope->key;
+	for (i = 0; i < RECORD_SCOPE_COLUMNS; i++)
+		ScanKeyInit(&keys[i], i + 1, BTEqualStrategyNumber, F_TEXTEQ,
+					PointerGetDatum(parts[i]));
+}
+
+/*
+ * Lock the record a token names, waiting for other writers, and check that
+ * it is still processing the very attempt the token names, for the role
+ * that claimed it.  Returns false when it is not.
  */
 static bool
-run_token_write(RecordPlan which, const IdemToken *token, Datum value,
-				TimestampTz now)
-{
-	Datum		values[7];
-
-	token_values(token, values);
-	values[5] = value;
-	values[6] = TimestampTzGetDatum(now);
-	return run_plan(which, values, NULL) > 0;
-}
-
-/*
- * The first five parameters of a token write (see TOKEN_MATCHES).
- */
-static void
-token_values(const IdemToken *token, Datum *values)
+lock_token_attempt(IdemRecordWriter *w, const IdemToken *token)
 {
 	const IdemCatalog *cat = idem_catalog();
+	const AttrNumber *col;
+	TupleTableSlot *slot = w->old_slot;
+	bool		isnull;
+	Datum		value;
+	bytea	   *secret;
+	text	   *role;
 
 	Assert(token->role != NULL);
-	values[0] = Int64GetDatum(token->record_id);
-	values[1] = Int32GetDatum(token->attempt);
-	values[2] = bytes_datum(token->secret, IDEM_TOKEN_SECRET_LEN);
-	values[3] = PointerGetDatum(token->role);
-	values[4] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
+	if (!idem_writer_lock(w, token->record_id, LockWaitBlock))
+		return false;
+
+	col = write_attnums(w->rel);
+	value = slot_getattr(slot, col[COL_STATE], &isnull);
+	if (isnull || DatumGetObjectId(value) != cat->state_oids[IDEM_PROCESSING])
+		return false;
+	value = slot_getattr(slot, col[COL_ATTEMPT], &isnull);
+	if (isnull || DatumGetInt32(value) != token->attempt)
+		return false;
+	value = slot_getattr(slot, col[COL_ATTEMPT_TOKEN], &isnull);
+	if (isnull)
+		return false;
+	secret = DatumGetByteaPP(value);
+	if (VARSIZE_ANY_EXHDR(secret) != IDEM_TOKEN_SECRET_LEN ||
+		memcmp(VARDATA_ANY(secret), token->secret, IDEM_TOKEN_SECRET_LEN) != 0)
+		return false;
+	/* roles compare as bytes: the column's collation is "C" */
+	value = slot_getattr(slot, col[COL_ROLE], &isnull);
+	if (isnull)
+		return false;
+	role = DatumGetTextPP(value);
+	return VARSIZE_ANY_EXHDR(role) == VARSIZE_ANY_EXHDR(token->role) &&
+		memcmp(VARDATA_ANY(role), VARDATA_ANY(token->role),
+			   VARSIZE_ANY_EXHDR(role)) == 0;
 }
 
 /*
- * Their types.
+ * Set one column of the attempt a token names, and its updated_at.
+ * Returns false when the token is not the record's current processing
+ * attempt.
+ */
+static bool
+token_write(const IdemToken *token, WriteColumn column, Datum value,
+			TimestampTz now)
+{
+	IdemRecordWriter w;
+	const AttrNumber *col;
+	Datum	   *values;
+	bool	   *nulls;
+	bool		ok;
+
+	idem_writer_begin(&w);
+	ok = lock_token_attempt(&w, token);
+	if (ok)
+	{
+		col = write_attnums(w.rel);
+		values = idem_writer_new_row(&w, &nulls, true);
+		set_column(values, nulls, col[column], value);
+		set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(now));
+		idem_writer_update(&w);
+	}
+	idem_writer_end(&w);
+	return ok;
+}
+
+/*
+ * Column numbers of the WriteColumn columns in the records table, found
+ * once per table.
+ */
+static const AttrNumber *
+write_attnums(Relation heap)
+{
+	static AttrNumber attnums[NUM_WRITE_COLUMNS];
+	static Oid	attnums_relid = InvalidOid;
+
+	if (attnums_relid != RelationGetRelid(heap))
+	{
+		static const char *const names[NUM_WRITE_COLUMNS] = {
+			"id", "role", "tenant", "caller", "operation", "key",
+			"fingerprint", "state", "attempt", "attempt_token",
+			"recovery_point", "locked_until", "on_lease_expiry", "ttl",
+			"response_status", "response_headers", "response_body",
+			"resource_id", "created_at", "claimed_at", "updated_at",
+			"completed_at", "expires_at"
+		};
+		int			i;
+
+		for (i = 0; i < NUM_WRITE_COLUMNS; i++)
+		{
+			attnums[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
+			if (attnums[i] <= 0)
+				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
+		}
+		attnums_relid = RelationGetRelid(heap);
+	}
+	return attnums;
+}
+
+/*
+ * Set a column of a row being written.
  */
 static void
-token_types(Oid *types, const IdemCatalog *cat)
+set_column(Datum *values, bool *nulls, AttrNumber attnum, Datum value)
 {
-	types[0] = INT8OID;
-	types[1] = INT4OID;
-	types[2] = BYTEAOID;
-	types[3] = TEXTOID;
-	types[4] = cat->state_type;
+	values[attnum - 1] = value;
+	nulls[attnum - 1] = false;
+}
+
+/*
+ * Set a column of a row being written to a varlena value or NULL.
+ */
+static void
+set_nullable(Datum *values, bool *nulls, AttrNumber attnum, void *pointer)
+{
+	values[attnum - 1] = PointerGetDatum(pointer);
+	nulls[attnum - 1] = pointer == NULL;
 }
 
 /*

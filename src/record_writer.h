@@ -1,0 +1,40 @@
+/*-------------------------------------------------------------------------
+ *
+ * record_writer.h
+ *	  Executor-free inserts and updates of idem_records.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_RECORD_WRITER_H
+#define IDEM_RECORD_WRITER_H
+
+#include "access/skey.h"
+#include "executor/tuptable.h"
+#include "nodes/execnodes.h"
+#include "nodes/lockoptions.h"
+#include "utils/relcache.h"
+
+/* One write to idem_records, from idem_writer_begin to idem_writer_end. */
+typedef struct IdemRecordWriter
+{
+	Relation	rel;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	Snapshot	snapshot;		/* registered while set */
+	TupleTableSlot *old_slot;	/* the row idem_writer_lock locked */
+	TupleTableSlot *new_slot;	/* the row to write, virtual, full width */
+} IdemRecordWriter;
+
+extern void idem_writer_begin(IdemRecordWriter *w);
+extern void idem_writer_end(IdemRecordWriter *w);
+extern bool idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid,
+								  ScanKey keys, int nkeys);
+extern int64 idem_writer_next_id(IdemRecordWriter *w);
+extern Datum *idem_writer_new_row(IdemRecordWriter *w, bool **nulls,
+								  bool from_old);
+extern void idem_writer_insert(IdemRecordWriter *w);
+extern bool idem_writer_lock(IdemRecordWriter *w, int64 id,
+							 LockWaitPolicy wait);
+extern void idem_writer_update(IdemRecordWriter *w);
+
+#endif							/* IDEM_RECORD_WRITER_H */
