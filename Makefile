@@ -6,9 +6,9 @@ DATA = idempotency--1.0.sql
 PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
-REGRESS = setup claim state_machine bad_input
+REGRESS = setup claim state_machine bad_input table_changes
 REGRESS_OPTS = --inputdir=$(srcdir) --encoding=UTF8
-ISOLATION = plain_insert_blocks claim_concurrent claim_external
+ISOLATION = plain_insert_blocks claim_concurrent claim_external isolation_levels
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency
 TAP_TESTS = 1
 

@@ -94,6 +94,9 @@ idem_writer_begin(IdemRecordWriter *w)
 	oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	w->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(w->rri, w->rel, 0, NULL, 0);
+	/* where AFTER triggers look for the table: not opened a second time */
+	w->estate->es_opened_result_relations =
+		lappend(w->estate->es_opened_result_relations, w->rri);
 	ExecOpenIndices(w->rri, false);
 	w->old_slot = table_slot_create(w->rel, &w->estate->es_tupleTable);
 	w->new_slot = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel),
@@ -112,7 +115,8 @@ void
 idem_writer_end(IdemRecordWriter *w)
 {
 	AfterTriggerEndQuery(w->estate);
-	ExecCloseIndices(w->rri);
+	/* our indexes, and anything AFTER triggers opened */
+	ExecCloseResultRelations(w->estate);
 	ExecResetTupleTable(w->estate->es_tupleTable, false);
 	FreeExecutorState(w->estate);
 	if (w->snapshot != NULL)

@@ -1,0 +1,68 @@
+--
+-- Claims and completions keep the table's compiled CHECK constraints and
+-- partial index predicates between calls.  They follow every change to
+-- idem_records made while the session runs: constraints and indexes added
+-- and dropped, and row triggers, BEFORE and AFTER.
+--
+\set VERBOSITY terse
+SET idempotency.default_lease = '1h';
+
+-- Compile once.
+SELECT outcome FROM idem_claim('tc.op', 'tc-1', '{}');
+
+-- A constraint added later is checked on the next claim ...
+ALTER TABLE idem_records ADD CONSTRAINT tc_no_forbidden CHECK (key <> 'tc-forbidden');
+SELECT outcome FROM idem_claim('tc.op', 'tc-forbidden', '{}');
+SELECT count(*) AS written FROM idem_records WHERE key = 'tc-forbidden';
+-- ... and no longer once dropped.
+ALTER TABLE idem_records DROP CONSTRAINT tc_no_forbidden;
+SELECT outcome FROM idem_claim('tc.op', 'tc-forbidden', '{}');
+
+-- The same for a completion: refused, nothing changed, then accepted.
+ALTER TABLE idem_records ADD CONSTRAINT tc_no_teapot CHECK (response_status <> 418);
+SELECT token FROM idem_claim('tc.op', 'tc-2', '{}') \gset
+SELECT idem_complete(:'token', 418, '{"brewed": false}');
+SELECT state, response_status FROM idem_records WHERE key = 'tc-2';
+ALTER TABLE idem_records DROP CONSTRAINT tc_no_teapot;
+SELECT idem_complete(:'token', 418, '{"brewed": false}');
+SELECT state, response_status FROM idem_records WHERE key = 'tc-2';
+
+-- Row triggers fire for every write, AFTER triggers before the call returns.
+CREATE TABLE tc_log (n serial, op text, key text, state idem_state, status int);
+CREATE FUNCTION tc_log_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO tc_log (op, key, state, status)
+  VALUES (TG_WHEN || ' ' || TG_OP, NEW.key, NEW.state, NEW.response_status);
+  RETURN NEW;
+END $$;
+CREATE TRIGGER tc_before BEFORE INSERT OR UPDATE ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION tc_log_row();
+CREATE TRIGGER tc_after AFTER INSERT OR UPDATE ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION tc_log_row();
+SELECT token FROM idem_claim('tc.op', 'tc-3', '{}') \gset
+SELECT count(*) AS logged_after_claim FROM tc_log;
+SELECT idem_heartbeat(:'token') IS NOT NULL AS extended;
+SELECT idem_checkpoint(:'token', 'step 1');
+SELECT idem_complete(:'token', 201, '{"id": 3}');
+SELECT op, key, state, status FROM tc_log ORDER BY n;
+DROP TRIGGER tc_before ON idem_records;
+DROP TRIGGER tc_after ON idem_records;
+DROP FUNCTION tc_log_row();
+DROP TABLE tc_log;
+
+-- A partial index created later receives the records it covers.
+CREATE INDEX tc_created ON idem_records (key) WHERE response_status = 201;
+SELECT token FROM idem_claim('tc.op', 'tc-4', '{}') \gset
+SELECT idem_complete(:'token', 201, '{"id": 4}');
+SELECT token FROM idem_claim('tc.op', 'tc-5', '{}') \gset
+SELECT idem_complete(:'token', 200, '{"id": 5}');
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (COSTS OFF)
+SELECT key FROM idem_records WHERE response_status = 201 AND key >= 'tc-' ORDER BY key;
+SELECT key FROM idem_records WHERE response_status = 201 AND key >= 'tc-' ORDER BY key;
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+DROP INDEX tc_created;
+
+DELETE FROM idem_records WHERE operation = 'tc.op';
