@@ -13,7 +13,7 @@ ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency
 TAP_TESTS = 1
 
 # Canonical JSON and fingerprint
-OBJS += src/canonical.o
+OBJS += src/canonical.o src/sha256.o
 REGRESS += canonical canonical_numbers
 
 # Claims, records and the state machine

@@ -244,6 +244,25 @@ SELECT idem_fingerprint(to_jsonb(repeat('x', 100000))) =
        idem_fingerprint(jsonb_build_array(1, repeat(E'\n', 50000), 2)) =
            sha256(convert_to('[1,"' || repeat('\n', 50000) || '",2]', 'UTF8')) AS long_escapes_ok;
 
+-- Texts that fit in the first buffer are hashed in one call, longer ones
+-- streamed: both agree with sha256() at every length around the 64-byte
+-- block boundaries (55/56 bytes: one or two padding blocks) and around the
+-- 8192-byte buffer.
+SELECT count(*) AS lengths,
+       count(*) FILTER (WHERE idem_fingerprint(to_jsonb(s)) =
+                              sha256(convert_to('"' || s || '"', 'UTF8'))) AS agree
+  FROM (SELECT repeat('a', n) AS s
+          FROM generate_series(0, 300) n
+        UNION ALL
+        SELECT repeat('b', n) FROM generate_series(8150, 8250) n) t;
+-- ... and for documents of mixed content and every size up to a few KB.
+SELECT count(*) AS documents,
+       count(*) FILTER (WHERE idem_fingerprint(d) =
+                              sha256(convert_to(idem_canonical(d), 'UTF8'))) AS agree
+  FROM (SELECT jsonb_build_object('k' || n, left(repeat(md5(n::text) || U&'\00e9\+01F602', 1 + n / 20), n),
+                                  'n', n * 1.5, 'a', jsonb_build_array(n, md5(n::text))) AS d
+          FROM generate_series(0, 3000) n) t;
+
 -- Canonicalization is idempotent: the canonical text parses back to the
 -- same canonical text.
 SELECT idem_canonical(idem_canonical(doc)::jsonb) = idem_canonical(doc) AS idempotent

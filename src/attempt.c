@@ -23,7 +23,6 @@
  */
 #include "postgres.h"
 
-#include "executor/spi.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
@@ -105,11 +104,9 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	idem_require_writable("extend a lease");
 
 	idem_become_owner(&user);
-	SPI_connect();
 	ok = idem_record_extend_lease(&token, locked_until, now);
 	if (!ok)
 		raise_stale_token(&token);
-	SPI_finish();
 	idem_restore_user(&user);
 	PG_RETURN_TIMESTAMPTZ(locked_until);
 }
@@ -133,11 +130,9 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	idem_require_writable("record a recovery point");
 
 	idem_become_owner(&user);
-	SPI_connect();
 	ok = idem_record_set_recovery_point(&token, point, GetCurrentTimestamp());
 	if (!ok)
 		raise_stale_token(&token);
-	SPI_finish();
 	idem_restore_user(&user);
 	PG_RETURN_VOID();
 }
@@ -182,7 +177,6 @@ idem_resolve(PG_FUNCTION_ARGS)
 	any_role = idem_calling_role_is_operator();
 
 	idem_become_owner(&user);
-	SPI_connect();
 	ok = idem_record_resolve(id, role, any_role, &response, GetCurrentTimestamp());
 	if (!ok)
 	{
@@ -196,7 +190,6 @@ idem_resolve(PG_FUNCTION_ARGS)
 				 errdetail("Its state is \"%s\"; only unknown records are resolved.",
 						   idem_state_name(rec.state))));
 	}
-	SPI_finish();
 	idem_restore_user(&user);
 	PG_RETURN_VOID();
 }
@@ -247,11 +240,9 @@ finish_attempt(const IdemToken *token, const IdemResponse *response)
 	idem_require_writable("store the outcome of an attempt");
 
 	idem_become_owner(&user);
-	SPI_connect();
 	ok = idem_record_finish(token, response, GetCurrentTimestamp());
 	if (!ok)
 		raise_stale_token(token);
-	SPI_finish();
 	idem_restore_user(&user);
 }
 

@@ -45,6 +45,7 @@
 #include "utils/numeric.h"
 
 #include "canonical.h"
+#include "sha256.h"
 
 PG_FUNCTION_INFO_V1(idem_canonical);
 PG_FUNCTION_INFO_V1(idem_fingerprint);
@@ -59,8 +60,10 @@ PG_FUNCTION_INFO_V1(idem_fingerprint);
 #define CANON_TEXT_INITIAL	1024
 
 /*
- * Where the canonical text goes.  With hash set, the buffer is flushed into
- * the hash whenever it fills up; otherwise it grows and ends up holding the
+ * Where the canonical text goes.  In hash mode the buffer is flushed into
+ * the hash whenever it fills up; a text that never fills it is hashed in
+ * one call by sha256.c at the end, and the hash context is only created
+ * for longer texts.  Otherwise the buffer grows and ends up holding the
  * whole text, after "start" bytes reserved for a varlena header.
  */
 typedef struct CanonSink
@@ -69,7 +72,8 @@ typedef struct CanonSink
 	Size		len;			/* bytes used in buf, including start */
 	Size		cap;			/* bytes allocated in buf */
 	Size		start;			/* bytes reserved at the head of buf */
-	pg_cryptohash_ctx *hash;	/* NULL: keep the text */
+	bool		hashing;		/* false: keep the text */
+	pg_cryptohash_ctx *hash;	/* once the text outgrew the buffer */
 } CanonSink;
 
 /*
@@ -312,6 +316,7 @@ canonical_text(Jsonb *jb, Size start, Size *len)
 	sink.cap = Max(CANON_TEXT_INITIAL, (Size) VARSIZE(jb) + start + 1);
 	sink.buf = palloc(sink.cap);
 	sink.len = start;
+	sink.hashing = false;
 	sink.hash = NULL;
 
 	MemoryContextSwitchTo(walkcxt);
@@ -346,18 +351,21 @@ idem_fingerprint_jsonb(Jsonb *jb, uint8 *digest)
 	sink.cap = CANON_HASH_CHUNK;
 	sink.buf = chunk;
 	sink.len = 0;
-	sink.hash = pg_cryptohash_create(PG_SHA256);
-	if (pg_cryptohash_init(sink.hash) < 0)
-		elog(ERROR, "could not initialize SHA-256 context: %s",
-			 pg_cryptohash_error(sink.hash));
+	sink.hashing = true;
+	sink.hash = NULL;
 
 	canonical_write(&jb->root, &sink);
 
-	sink_flush(&sink);
-	if (pg_cryptohash_final(sink.hash, digest, IDEM_FINGERPRINT_LEN) < 0)
-		elog(ERROR, "could not finalize SHA-256: %s",
-			 pg_cryptohash_error(sink.hash));
-	pg_cryptohash_free(sink.hash);
+	if (sink.hash == NULL)
+		idem_sha256((const uint8 *) sink.buf, sink.len, digest);
+	else
+	{
+		sink_flush(&sink);
+		if (pg_cryptohash_final(sink.hash, digest, IDEM_FINGERPRINT_LEN) < 0)
+			elog(ERROR, "could not finalize SHA-256: %s",
+				 pg_cryptohash_error(sink.hash));
+		pg_cryptohash_free(sink.hash);
+	}
 
 	MemoryContextSwitchTo(callercxt);
 	MemoryContextDelete(walkcxt);
@@ -372,7 +380,14 @@ idem_fingerprint_jsonb(Jsonb *jb, uint8 *digest)
 static void
 sink_flush(CanonSink *sink)
 {
-	Assert(sink->hash != NULL);
+	Assert(sink->hashing);
+	if (sink->hash == NULL)
+	{
+		sink->hash = pg_cryptohash_create(PG_SHA256);
+		if (pg_cryptohash_init(sink->hash) < 0)
+			elog(ERROR, "could not initialize SHA-256 context: %s",
+				 pg_cryptohash_error(sink->hash));
+	}
 	if (sink->len > 0 &&
 		pg_cryptohash_update(sink->hash, (uint8 *) sink->buf, sink->len) < 0)
 		elog(ERROR, "could not update SHA-256: %s",
@@ -392,7 +407,7 @@ sink_reserve(CanonSink *sink, Size need)
 
 	if (sink->len + need <= sink->cap)
 		return;
-	if (sink->hash != NULL)
+	if (sink->hashing)
 	{
 		Assert(need <= sink->cap);
 		sink_flush(sink);
@@ -428,7 +443,7 @@ sink_write(CanonSink *sink, const char *data, Size len)
 {
 	if (unlikely(sink->len + len > sink->cap))
 	{
-		if (sink->hash != NULL && len > sink->cap / 2)
+		if (sink->hashing && len > sink->cap / 2)
 		{
 			/* A long piece: hash it where it is rather than copying it. */
 			sink_flush(sink);

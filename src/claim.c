@@ -38,7 +38,6 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
-#include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -160,9 +159,7 @@ idem_replay(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 
 	idem_become_owner(&user);
-	SPI_connect();
 	found = idem_record_fetch(&scope, &rec);
-	SPI_finish();
 	idem_restore_user(&user);
 	if (!found)
 		return (Datum) 0;
@@ -194,7 +191,6 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 
 	idem_key_lock_tag(&lock, &req->scope);
 	idem_become_owner(&user);
-	SPI_connect();
 
 	for (;;)
 	{
@@ -305,7 +301,6 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			break;
 	}
 
-	SPI_finish();
 	idem_restore_user(&user);
 
 	/* A claim that ended up writing nothing keeps nobody else waiting. */

@@ -107,6 +107,7 @@ static uint64 plans_generation = 0;
 static SPIPlanPtr get_plan(RecordPlan which);
 static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat);
 static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
+static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
 static bool lock_token_attempt(IdemRecordWriter *w, const IdemToken *token);
 static bool token_write(const IdemToken *token, WriteColumn column,
@@ -117,9 +118,10 @@ static void set_column(Datum *values, bool *nulls, AttrNumber attnum,
 static void set_nullable(Datum *values, bool *nulls, AttrNumber attnum,
 						 void *pointer);
 static const AttrNumber *record_attnums(Relation heap);
-static void read_record(const Datum *values, const bool *nulls, IdemRecord *rec);
-static void read_spi_row(IdemRecord *rec, bool with_scope);
-static void *copy_out(Datum value);
+static void read_record(const Datum *values, const bool *nulls, IdemRecord *rec,
+						MemoryContext into);
+static void read_spi_row(IdemRecord *rec, bool with_scope, MemoryContext into);
+static void *copy_out(Datum value, MemoryContext into);
 static Datum bytes_datum(const uint8 *bytes, int len);
 static Datum nullable(void *pointer, char *null);
 
@@ -164,7 +166,7 @@ idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 
 		for (i = 0; i < RECORD_COLUMN_COUNT; i++)
 			values[i] = slot_getattr(slot, attnums[i], &nulls[i]);
-		read_record(values, nulls, rec);
+		read_record(values, nulls, rec, CurrentMemoryContext);
 	}
 	index_endscan(scan);
 
@@ -183,15 +185,18 @@ idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 bool
 idem_record_fetch_by_id(int64 id, text *role, bool any_role, IdemRecord *rec)
 {
+	MemoryContext caller = CurrentMemoryContext;
 	Datum		values[3];
+	bool		found;
 
 	values[0] = Int64GetDatum(id);
 	values[1] = PointerGetDatum(role);
 	values[2] = BoolGetDatum(any_role);
-	if (run_plan(PLAN_FETCH_BY_ID, values, NULL) == 0)
-		return false;
-	read_spi_row(rec, true);
-	return true;
+	found = run_plan(PLAN_FETCH_BY_ID, values, NULL) > 0;
+	if (found)
+		read_spi_row(rec, true, caller);
+	SPI_finish();
+	return found;
 }
 
 /*
@@ -271,6 +276,7 @@ idem_record_restart(IdemRecord *rec, bool reuse,
 					const IdemAttemptStart *start)
 {
 	const IdemCatalog *cat = idem_catalog();
+	MemoryContext caller = CurrentMemoryContext;
 	Datum		values[14];
 	char		nulls[14];
 	bool		isnull;
@@ -292,11 +298,15 @@ idem_record_restart(IdemRecord *rec, bool reuse,
 	values[12] = ObjectIdGetDatum(cat->state_oids[rec->state]);
 	values[13] = BoolGetDatum(rec->state == IDEM_PROCESSING);
 	if (run_plan(PLAN_RESTART, values, nulls) == 0)
+	{
+		SPI_finish();
 		return false;
+	}
 
 	point = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
 						  &isnull);
-	rec->recovery_point = isnull ? NULL : (text *) copy_out(point);
+	rec->recovery_point = isnull ? NULL : (text *) copy_out(point, caller);
+	SPI_finish();
 	return true;
 }
 
@@ -316,7 +326,7 @@ idem_record_mark_unknown(const IdemRecord *rec, TimestampTz now)
 	values[2] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
 	values[3] = TimestampTzGetDatum(now);
 	values[4] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
-	return run_plan(PLAN_MARK_UNKNOWN, values, NULL) > 0;
+	return run_plan_once(PLAN_MARK_UNKNOWN, values, NULL) > 0;
 }
 
 /*
@@ -410,7 +420,7 @@ idem_record_resolve(int64 id, text *role, bool any_role,
 	values[7] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
 	values[8] = PointerGetDatum(role);
 	values[9] = BoolGetDatum(any_role);
-	return run_plan(PLAN_RESOLVE, values, nulls) > 0;
+	return run_plan_once(PLAN_RESOLVE, values, nulls) > 0;
 }
 
 /*
@@ -544,20 +554,36 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 }
 
 /*
- * Execute a kept statement and return the number of rows it returned.  Not
- * read-only, so that under READ COMMITTED each call sees the latest
- * committed data.
+ * Connect to SPI and execute a kept statement; returns the number of rows
+ * it returned, in SPI_tuptable.  The caller reads them and calls
+ * SPI_finish.  Not read-only, so that under READ COMMITTED each call sees
+ * the latest committed data.
  */
 static int
 run_plan(RecordPlan which, Datum *values, const char *nulls)
 {
 	int			ret;
 
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
 	ret = SPI_execute_plan(get_plan(which), values, nulls, false, 1);
 	if (ret < 0)
 		elog(ERROR, "idempotency record statement %d failed: %s",
 			 (int) which, SPI_result_code_string(ret));
 	return (int) SPI_processed;
+}
+
+/*
+ * Execute a kept statement whose rows are not needed; returns how many
+ * there were.
+ */
+static int
+run_plan_once(RecordPlan which, Datum *values, const char *nulls)
+{
+	int			processed = run_plan(which, values, nulls);
+
+	SPI_finish();
+	return processed;
 }
 
 /*
@@ -736,11 +762,12 @@ record_attnums(Relation heap)
 }
 
 /*
- * Copy the values of RECORD_COLUMNS, in that order, into rec, in the
- * caller's memory context.
+ * Copy the values of RECORD_COLUMNS, in that order, into rec, varlena
+ * values into the given memory context.
  */
 static void
-read_record(const Datum *values, const bool *nulls, IdemRecord *rec)
+read_record(const Datum *values, const bool *nulls, IdemRecord *rec,
+			MemoryContext into)
 {
 	const IdemCatalog *cat = idem_catalog();
 	bytea	   *fingerprint;
@@ -754,15 +781,15 @@ read_record(const Datum *values, const bool *nulls, IdemRecord *rec)
 		elog(ERROR, "fingerprint of idempotency record " INT64_FORMAT " has %d bytes",
 			 rec->id, (int) VARSIZE_ANY_EXHDR(fingerprint));
 	memcpy(rec->fingerprint, VARDATA_ANY(fingerprint), IDEM_FINGERPRINT_LEN);
-	rec->recovery_point = nulls[4] ? NULL : (text *) copy_out(values[4]);
+	rec->recovery_point = nulls[4] ? NULL : (text *) copy_out(values[4], into);
 	rec->has_lease = !nulls[5];
 	rec->locked_until = nulls[5] ? 0 : DatumGetTimestampTz(values[5]);
 	rec->on_lease_expiry = idem_policy_from_oid(cat, DatumGetObjectId(values[6]));
 	rec->has_response_status = !nulls[7];
 	rec->response_status = nulls[7] ? 0 : DatumGetInt32(values[7]);
-	rec->response_headers = nulls[8] ? NULL : (Jsonb *) copy_out(values[8]);
-	rec->response_body = nulls[9] ? NULL : (Jsonb *) copy_out(values[9]);
-	rec->resource_id = nulls[10] ? NULL : (text *) copy_out(values[10]);
+	rec->response_headers = nulls[8] ? NULL : (Jsonb *) copy_out(values[8], into);
+	rec->response_body = nulls[9] ? NULL : (Jsonb *) copy_out(values[9], into);
+	rec->resource_id = nulls[10] ? NULL : (text *) copy_out(values[10], into);
 	rec->expires_at = DatumGetTimestampTz(values[11]);
 }
 
@@ -771,7 +798,7 @@ read_record(const Datum *values, const bool *nulls, IdemRecord *rec)
  * if with_scope) into rec.
  */
 static void
-read_spi_row(IdemRecord *rec, bool with_scope)
+read_spi_row(IdemRecord *rec, bool with_scope, MemoryContext into)
 {
 	HeapTuple	tuple = SPI_tuptable->vals[0];
 	TupleDesc	tupdesc = SPI_tuptable->tupdesc;
@@ -782,27 +809,27 @@ read_spi_row(IdemRecord *rec, bool with_scope)
 
 	for (i = 0; i < RECORD_COLUMN_COUNT; i++)
 		values[i] = SPI_getbinval(tuple, tupdesc, i + 1, &nulls[i]);
-	read_record(values, nulls, rec);
+	read_record(values, nulls, rec, into);
 
 	if (with_scope)
 	{
 		i = RECORD_COLUMN_COUNT + 1;
-		rec->scope.role = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull));
-		rec->scope.tenant = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull));
-		rec->scope.caller = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull));
-		rec->scope.operation = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull));
-		rec->scope.key = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i, &isnull));
+		rec->scope.role = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull), into);
+		rec->scope.tenant = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull), into);
+		rec->scope.caller = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull), into);
+		rec->scope.operation = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull), into);
+		rec->scope.key = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i, &isnull), into);
 	}
 }
 
 /*
- * Copy a varlena value, detoasted, into the caller's (pre-SPI) context.
+ * Copy a varlena value, detoasted, into the given context.
  */
 static void *
-copy_out(Datum value)
+copy_out(Datum value, MemoryContext into)
 {
 	struct varlena *v = PG_DETOAST_DATUM(value);
-	void	   *copy = SPI_palloc(VARSIZE(v));
+	void	   *copy = MemoryContextAlloc(into, VARSIZE(v));
 
 	memcpy(copy, v, VARSIZE(v));
 	return copy;
