@@ -43,7 +43,9 @@
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 
 #include "catalog.h"
 #include "decision.h"
@@ -189,7 +191,6 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 	bool		read_only = RecoveryInProgress() || XactReadOnly;
 	IdemUserContext user;
 
-	idem_key_lock_tag(&lock, &req->scope);
 	idem_become_owner(&user);
 
 	for (;;)
@@ -234,6 +235,7 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		/* Own the key first. */
 		if (!have_lock)
 		{
+			idem_key_lock_tag(&lock, &req->scope);
 			if (idem_key_lock_try(&lock))
 				have_lock = true;
 			else if (now < deadline &&
@@ -544,15 +546,23 @@ answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 static Datum
 answer_datum(FunctionCallInfo fcinfo, const IdemAnswer *answer)
 {
+	Oid			rettype = get_fn_expr_rettype(fcinfo->flinfo);
 	TupleDesc	tupdesc;
+	HeapTuple	tuple;
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+	/*
+	 * The type cache's own descriptor of idem_decision, not a copy: it
+	 * follows changes of the type and costs no allocation per call.
+	 */
+	if (!OidIsValid(rettype) || !type_is_rowtype(rettype))
 		elog(ERROR, "return type must be a row type");
+	tupdesc = lookup_rowtype_tupdesc(rettype, -1);
 	if (tupdesc->natts != DECISION_COLUMNS)
 		elog(ERROR, "idem_decision has %d columns, expected %d",
 			 tupdesc->natts, DECISION_COLUMNS);
-	tupdesc = BlessTupleDesc(tupdesc);
-	return HeapTupleGetDatum(answer_tuple(tupdesc, answer));
+	tuple = answer_tuple(tupdesc, answer);
+	ReleaseTupleDesc(tupdesc);
+	return HeapTupleGetDatum(tuple);
 }
 
 /*

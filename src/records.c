@@ -2,31 +2,37 @@
  *
  * records.c
  *	  Reads and writes of idem_records.  The read every claim and replay
- *	  starts with probes the unique index directly; every other statement is
- *	  a prepared SPI plan kept for the life of the backend.
+ *	  starts with probes the unique index directly; a claim's insert and
+ *	  every write with an attempt token (complete, fail, heartbeat,
+ *	  checkpoint) go through record_writer.c, without a statement; the
+ *	  rarer writes (new attempts, marking a lease unknown, resolving) and
+ *	  the lookup by id are prepared SPI plans kept for the life of the
+ *	  backend.
  *
- * Every write names the exact version it expects (state, attempt, and for
- * attempt writes the token's secret) in its WHERE clause, so a write based
- * on a stale read changes nothing and the caller finds out from the row
- * count.  Claim writes lock the row with FOR UPDATE SKIP LOCKED, so that a
- * claim never waits for another transaction's row lock: a row that is being
- * written by someone else is simply not updated.
+ * Every write is conditional on the exact version it expects (state,
+ * attempt, and for attempt writes the token's secret), checked on the row
+ * it locked, so a write based on a stale read changes nothing and the
+ * caller finds out.  Claim writes skip rows locked by others (FOR UPDATE
+ * SKIP LOCKED), so that a claim never waits for another transaction's row
+ * lock: a row that is being written by someone else is simply not
+ * updated.  A claim's insert first looks for a record of its key committed
+ * since its read.
  *
  * Every read and write is confined to the calling role's records (the role
  * column, first in the unique index); only idem_resolve by an operator
  * reaches other roles' records.
  *
- * The statements run as the owner of idem_records (security.c), so nothing
- * in them may depend on search_path: the table is named with the schema the
- * extension lives in, every operator is written OPERATOR(pg_catalog.x), and
- * every value, enum labels included, is a typed parameter, never a literal
- * whose type is looked up by name and never text pasted into the SQL.  A
- * function, operator or table a user creates in another schema, or a
- * search_path that puts it first, cannot change what these statements do;
- * when search_path changes, the plan cache parses them again and they bind
- * to the same objects.  When the table is replaced (DROP and CREATE
- * EXTENSION) catalog.c hands out a new generation number and the plans are
- * prepared again.
+ * Everything here runs as the owner of idem_records (security.c), so
+ * nothing in the statements may depend on search_path: the table is named
+ * with the schema the extension lives in, every operator is written
+ * OPERATOR(pg_catalog.x), and every value, enum labels included, is a typed
+ * parameter, never a literal whose type is looked up by name and never
+ * text pasted into the SQL.  A function, operator or table a user creates
+ * in another schema, or a search_path that puts it first, cannot change
+ * what these statements do; when search_path changes, the plan cache
+ * parses them again and they bind to the same objects.  When the table is
+ * replaced (DROP and CREATE EXTENSION) catalog.c hands out a new
+ * generation number and the plans are prepared again.
  *
  *-------------------------------------------------------------------------
  */
