@@ -33,9 +33,10 @@ int			idem_max_key_length = 255;
 int			idem_max_response_size = 1024 * 1024;
 char	   *idem_worker_databases = NULL;
 int			idem_naptime_ms = 10 * 1000;
-int			idem_cleanup_batch_size = 1000;
-int			idem_cleanup_max_batches = 100;
+int			idem_cleanup_batch_size = 200;
+int			idem_cleanup_max_batches = 500;
 int			idem_cleanup_grace_s = 10 * 60;
+int			idem_cleanup_delay_ms = 20;
 
 void		_PG_init(void);
 
@@ -118,7 +119,7 @@ define_settings(void)
 							"Expired records deleted per cleanup transaction.",
 							NULL,
 							&idem_cleanup_batch_size,
-							1000, 1, 1000000,
+							200, 1, 1000000,
 							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 
@@ -126,8 +127,16 @@ define_settings(void)
 							"Cleanup transactions per worker cycle.",
 							NULL,
 							&idem_cleanup_max_batches,
-							100, 1, INT_MAX,
+							500, 1, INT_MAX,
 							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.cleanup_delay",
+							"Time the background worker sleeps between two cleanup transactions of a cycle.",
+							"Spreads the deletion of a large backlog, leaving the processors to the claims meanwhile.",
+							&idem_cleanup_delay_ms,
+							20, 0, 10 * 1000,
+							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.cleanup_grace",

@@ -29,7 +29,9 @@
 #   ROUNDS 5 / 2, RUN_SECONDS 10 / 3, WORKLOADS "new replay inprogress"
 #   FP_ROUNDS 3 / 1, FP_SECONDS 10 / 3 (fingerprint.sh's BENCH_REPEATS, BENCH_SECONDS)
 #   BACKLOG 1000000 / 100000, CLEANUP_ROUNDS 3 / 1, CLEANUP_SECONDS 45 / 15,
-#   NAPTIME 1s (the worker's naptime while it drains)
+#   NAPTIME 1s (the worker's naptime while it drains), WORKER_SETTINGS
+#   (other worker settings for the cleanup part, "name=value ...", e.g.
+#   "cleanup_batch_size=100"; unset: the defaults)
 #   SIZES "10000 1000000 10000000" / "10000 200000", SIZE_ROUNDS 3 / 1, SIZE_SECONDS 20 / 5
 #   MEM_SECONDS 300 / 30, MEM_INTERVAL 30 / 5
 set -euo pipefail
@@ -59,6 +61,7 @@ BACKLOG=${BACKLOG:-1000000}
 CLEANUP_ROUNDS=${CLEANUP_ROUNDS:-3}
 CLEANUP_SECONDS=${CLEANUP_SECONDS:-45}
 NAPTIME=${NAPTIME:-1s}
+WORKER_SETTINGS=${WORKER_SETTINGS:-}
 SIZES=${SIZES:-10000 1000000 10000000}
 SIZE_ROUNDS=${SIZE_ROUNDS:-3}
 SIZE_SECONDS=${SIZE_SECONDS:-20}
@@ -241,6 +244,10 @@ part_cleanup() {
     local base_stats with_stats len tps_b tps_w
     local res=$IDEM_TMP/cleanup.tsv
     : >"$res"
+    local setting
+    for setting in $WORKER_SETTINGS; do
+        worker_setting "${setting%%=*}" "${setting#*=}"
+    done
     for round in $(seq 1 "$CLEANUP_ROUNDS"); do
         # Without a backlog: the worker runs its (empty) cycles every NAPTIME.
         log "cleanup: round $round of $CLEANUP_ROUNDS, without a backlog (${CLEANUP_SECONDS}s)"

@@ -25,5 +25,6 @@ extern int	idem_naptime_ms;
 extern int	idem_cleanup_batch_size;
 extern int	idem_cleanup_max_batches;
 extern int	idem_cleanup_grace_s;
+extern int	idem_cleanup_delay_ms;
 
 #endif							/* IDEMPOTENCY_H */

@@ -455,9 +455,10 @@ idem_worker_main(Datum main_arg)
 static char *
 settings_summary(void)
 {
-	return psprintf("naptime %d ms, cleanup batch size %d, at most %d batches per pass, cleanup grace %d s.",
+	return psprintf("naptime %d ms, cleanup batch size %d, at most %d batches per pass, cleanup grace %d s, cleanup delay %d ms.",
 					idem_naptime_ms, idem_cleanup_batch_size,
-					idem_cleanup_max_batches, idem_cleanup_grace_s);
+					idem_cleanup_max_batches, idem_cleanup_grace_s,
+					idem_cleanup_delay_ms);
 }
 
 /*
@@ -466,14 +467,15 @@ settings_summary(void)
 static bool
 settings_changed(void)
 {
-	static int	last[4] = {-1, -1, -1, -1};
-	int			now[4];
+	static int	last[5] = {-1, -1, -1, -1, -1};
+	int			now[5];
 	bool		changed;
 
 	now[0] = idem_naptime_ms;
 	now[1] = idem_cleanup_batch_size;
 	now[2] = idem_cleanup_max_batches;
 	now[3] = idem_cleanup_grace_s;
+	now[4] = idem_cleanup_delay_ms;
 	changed = memcmp(last, now, sizeof(now)) != 0;
 	memcpy(last, now, sizeof(now));
 
@@ -582,6 +584,16 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 								worker_dbname, (long long) pass_rows, batches),
 						 errhint("Raise idempotency.cleanup_max_batches or lower idempotency.naptime if the backlog keeps growing.")));
 			break;
+		}
+
+		/* a latch set by SIGHUP or SIGTERM cuts the pause short */
+		if (pass == IDEM_PASS_CLEANUP && idem_cleanup_delay_ms > 0)
+		{
+			(void) WaitLatch(MyLatch,
+							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 idem_cleanup_delay_ms,
+							 PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
 		}
 	}
 

@@ -228,14 +228,14 @@ is(count_keys('live-', 'processing'), '2', 'processing records are never deleted
 is(status('last_error'), '', 'no error so far');
 
 #
-# SIGHUP: naptime and batch size change without a restart.
+# SIGHUP: naptime, batch size and delay change without a restart.
 #
 $offset = -s $node->logfile;
 $node->append_conf('postgresql.conf',
-	"idempotency.naptime = '1h'\nidempotency.cleanup_batch_size = 250");
+	"idempotency.naptime = '1h'\nidempotency.cleanup_batch_size = 250\nidempotency.cleanup_delay = '5ms'");
 $node->reload;
 $node->wait_for_log(
-	qr/idempotency worker for database "appdb" reloaded its settings\n.*DETAIL:  naptime 3600000 ms, cleanup batch size 250/,
+	qr/idempotency worker for database "appdb" reloaded its settings\n.*DETAIL:  naptime 3600000 ms, cleanup batch size 250, .*, cleanup delay 5 ms\./,
 	$offset);
 pass('the worker reloads its settings on SIGHUP');
 # The reload is followed by one cycle; wait until the worker sleeps after it.
