@@ -21,7 +21,7 @@
 #                every MEM_INTERVAL seconds over a MEM_SECONDS mixed run.
 #
 #   quick        all five, small: a smoke test of a few minutes.
-#   full         all five at full size (about 31 minutes on 2 cores).
+#   full         all five at full size (about 45 minutes on 2 cores).
 #
 # Environment (defaults for full / quick; a single part uses full's):
 #   PG_CONFIG, KEEP_TMP=1 (scripts/lib.sh), REPORT=file (also write the report there)
