@@ -78,6 +78,7 @@ idem_catalog(void)
 
 	if (table != catalog.table_oid)
 		catalog.generation++;
+	catalog.layout_generation++;
 	catalog.schema_oid = nsp;
 	catalog.table_oid = table;
 	catalog.scope_index_oid = get_relname_relid(IDEM_SCOPE_INDEX, nsp);

@@ -23,6 +23,9 @@ typedef struct IdemCatalog
 	Oid			state_oids[IDEM_NUM_STATES];
 	Oid			policy_oids[IDEM_NUM_POLICIES];
 	uint64		generation;		/* changes when table_oid changes */
+	uint64		layout_generation;	/* changes whenever the table's relcache
+									 * entry was invalidated (columns may
+									 * have moved) */
 } IdemCatalog;
 
 extern const IdemCatalog *idem_catalog(void);

@@ -14,8 +14,10 @@
  * those costs were most of what a new key cost beyond the storage itself.
  * This file keeps the compiled constraints and predicates for the life of
  * the backend instead, and drops them when the table's relcache entry is
- * invalidated (any ALTER TABLE, CREATE or DROP INDEX) or an evaluation was
- * interrupted by an error.  An entry dropped while a write may still be
+ * invalidated (any ALTER TABLE, CREATE or DROP INDEX), a function or type
+ * changes, or an evaluation was interrupted by an error.  Expressions that
+ * keep state in a statement's memory (a whole-row reference, say) are
+ * compiled for each write instead.  An entry dropped while a write may still be
  * using it is freed at the end of the transaction, not at once.
  *
  * A row to update is found through the primary key with a fresh snapshot
@@ -42,12 +44,15 @@
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
+#include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 #include "catalog.h"
 #include "record_writer.h"
@@ -74,6 +79,8 @@ static void use_compiled_expressions(IdemRecordWriter *w);
 static void build_cache(IdemRecordWriter *w);
 static void retire_cache(void);
 static void invalidate_cache(Datum arg, Oid relid);
+static void invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue);
+static bool needs_query_memory(Node *node, void *context);
 static Relation opened_index(IdemRecordWriter *w, Oid index_oid);
 
 /*
@@ -92,8 +99,19 @@ idem_writer_begin(IdemRecordWriter *w)
 	w->estate->es_output_cid = GetCurrentCommandId(true);
 
 	oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
+
+	/*
+	 * A range table of the one table, as for a statement: its updatedCols
+	 * is what UPDATE OF triggers and the row lock mode look at.
+	 */
+	w->rte = makeNode(RangeTblEntry);
+	w->rte->rtekind = RTE_RELATION;
+	w->rte->relid = RelationGetRelid(w->rel);
+	w->rte->relkind = w->rel->rd_rel->relkind;
+	w->rte->rellockmode = RowExclusiveLock;
+	ExecInitRangeTable(w->estate, list_make1(w->rte));
 	w->rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(w->rri, w->rel, 0, NULL, 0);
+	InitResultRelInfo(w->rri, w->rel, 1, NULL, 0);
 	/* where AFTER triggers look for the table: not opened a second time */
 	w->estate->es_opened_result_relations =
 		lappend(w->estate->es_opened_result_relations, w->rri);
@@ -267,7 +285,29 @@ void
 idem_writer_update(IdemRecordWriter *w)
 {
 	MemoryContext oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	TupleDesc	desc = RelationGetDescr(w->rel);
 	EPQState	epqstate;
+	int			i;
+
+	/* the columns whose value changes count as the ones updated */
+	slot_getallattrs(w->old_slot);
+	w->rte->updatedCols = NULL;
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		bool		old_null = w->old_slot->tts_isnull[i];
+		bool		new_null = w->new_slot->tts_isnull[i];
+
+		if (att->attisdropped)
+			continue;
+		if (old_null != new_null ||
+			(!new_null && !datumIsEqual(w->old_slot->tts_values[i],
+										w->new_slot->tts_values[i],
+										att->attbyval, att->attlen)))
+			w->rte->updatedCols =
+				bms_add_member(w->rte->updatedCols,
+							   i + 1 - FirstLowInvalidHeapAttributeNumber);
+	}
 
 	EvalPlanQualInit(&epqstate, w->estate, NULL, NIL, -1);
 	ExecStoreVirtualTuple(w->new_slot);
@@ -303,7 +343,7 @@ use_compiled_expressions(IdemRecordWriter *w)
 	}
 	cache_in_use = true;
 
-	if (ncheck > 0)
+	if (ncheck > 0 && cache.checks != NULL)
 		w->rri->ri_ConstraintExprs = cache.checks;
 	for (i = 0; i < w->rri->ri_NumIndices; i++)
 	{
@@ -333,7 +373,10 @@ build_cache(IdemRecordWriter *w)
 
 	if (!callback_registered)
 	{
+		/* the table, and the functions and types its expressions use */
 		CacheRegisterRelcacheCallback(invalidate_cache, (Datum) 0);
+		CacheRegisterSyscacheCallback(PROCOID, invalidate_cache_syscache, (Datum) 0);
+		CacheRegisterSyscacheCallback(TYPEOID, invalidate_cache_syscache, (Datum) 0);
 		callback_registered = true;
 	}
 
@@ -349,16 +392,33 @@ build_cache(IdemRecordWriter *w)
 										  ALLOCSET_SMALL_SIZES);
 	oldcontext = MemoryContextSwitchTo(cache.context);
 
+	/*
+	 * Valid from now on, unless an invalidation arrives while it is built
+	 * (catalog lookups below may take locks and so process them): then this
+	 * write still uses it, and the next one builds it again.
+	 */
+	cache_valid = true;
+
 	cache.relid = RelationGetRelid(w->rel);
 	cache.id_sequence = getIdentitySequence(cache.relid, identity, false);
 
+	/*
+	 * The constraints are handed over all or none: one that keeps state in
+	 * a statement's memory (see needs_query_memory) makes the executor
+	 * compile them all for every write, as for a statement.
+	 */
 	cache.ncheck = desc->constr != NULL ? desc->constr->num_check : 0;
 	cache.checks = palloc0(Max(cache.ncheck, 1) * sizeof(ExprState *));
 	for (i = 0; i < cache.ncheck; i++)
 	{
-		Expr	   *check = stringToNode(desc->constr->check[i].ccbin);
+		Expr	   *check = expression_planner(stringToNode(desc->constr->check[i].ccbin));
 
-		cache.checks[i] = ExecInitExpr(expression_planner(check), NULL);
+		if (needs_query_memory((Node *) check, NULL))
+		{
+			cache.checks = NULL;
+			break;
+		}
+		cache.checks[i] = ExecInitExpr(check, NULL);
 	}
 
 	cache.npredicates = 0;
@@ -371,6 +431,8 @@ build_cache(IdemRecordWriter *w)
 		if (predicate == NIL)
 			continue;
 		predicate = (List *) expression_planner((Expr *) copyObject(predicate));
+		if (needs_query_memory((Node *) predicate, NULL))
+			continue;
 		cache.predicate_index[cache.npredicates] =
 			RelationGetRelid(w->rri->ri_IndexRelationDescs[i]);
 		cache.predicate[cache.npredicates] = ExecInitQual(predicate, NULL);
@@ -378,7 +440,6 @@ build_cache(IdemRecordWriter *w)
 	}
 
 	MemoryContextSwitchTo(oldcontext);
-	cache_valid = true;
 }
 
 /*
@@ -400,6 +461,33 @@ invalidate_cache(Datum arg, Oid relid)
 {
 	if (!OidIsValid(relid) || relid == cache.relid)
 		cache_valid = false;
+}
+
+static void
+invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue)
+{
+	cache_valid = false;
+}
+
+/*
+ * Whether an expression keeps state in the memory of the statement that
+ * evaluates it (ExecEvalWholeRowVar, ExecEvalConvertRowtype and hashed
+ * ScalarArrayOps do, on first use): such an expression cannot outlive one
+ * write, and is compiled for each.
+ */
+static bool
+needs_query_memory(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Var) && ((Var *) node)->varattno == InvalidAttrNumber)
+		return true;
+	if (IsA(node, ConvertRowtypeExpr))
+		return true;
+	if (IsA(node, ScalarArrayOpExpr) &&
+		OidIsValid(((ScalarArrayOpExpr *) node)->hashfuncid))
+		return true;
+	return expression_tree_walker(node, needs_query_memory, context);
 }
 
 /*

@@ -12,6 +12,7 @@
 #include "executor/tuptable.h"
 #include "nodes/execnodes.h"
 #include "nodes/lockoptions.h"
+#include "nodes/parsenodes.h"
 #include "utils/relcache.h"
 
 /* One write to idem_records, from idem_writer_begin to idem_writer_end. */
@@ -19,6 +20,7 @@ typedef struct IdemRecordWriter
 {
 	Relation	rel;
 	EState	   *estate;
+	RangeTblEntry *rte;			/* the range table's one entry */
 	ResultRelInfo *rri;
 	Snapshot	snapshot;		/* registered while set */
 	TupleTableSlot *old_slot;	/* the row idem_writer_lock locked */

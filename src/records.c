@@ -686,15 +686,16 @@ token_write(const IdemToken *token, WriteColumn column, Datum value,
 
 /*
  * Column numbers of the WriteColumn columns in the records table, found
- * once per table.
+ * again whenever the table's definition may have changed.
  */
 static const AttrNumber *
 write_attnums(Relation heap)
 {
 	static AttrNumber attnums[NUM_WRITE_COLUMNS];
-	static Oid	attnums_relid = InvalidOid;
+	static uint64 attnums_layout = 0;
+	uint64		layout = idem_catalog()->layout_generation;
 
-	if (attnums_relid != RelationGetRelid(heap))
+	if (attnums_layout != layout)
 	{
 		static const char *const names[NUM_WRITE_COLUMNS] = {
 			"id", "role", "tenant", "caller", "operation", "key",
@@ -712,7 +713,7 @@ write_attnums(Relation heap)
 			if (attnums[i] <= 0)
 				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
 		}
-		attnums_relid = RelationGetRelid(heap);
+		attnums_layout = layout;
 	}
 	return attnums;
 }
@@ -738,16 +739,17 @@ set_nullable(Datum *values, bool *nulls, AttrNumber attnum, void *pointer)
 }
 
 /*
- * Column numbers of RECORD_COLUMNS in the records table, found once per
- * table.
+ * Column numbers of RECORD_COLUMNS in the records table, found again
+ * whenever the table's definition may have changed.
  */
 static const AttrNumber *
 record_attnums(Relation heap)
 {
 	static AttrNumber attnums[RECORD_COLUMN_COUNT];
-	static Oid	attnums_relid = InvalidOid;
+	static uint64 attnums_layout = 0;
+	uint64		layout = idem_catalog()->layout_generation;
 
-	if (attnums_relid != RelationGetRelid(heap))
+	if (attnums_layout != layout)
 	{
 		static const char *const names[RECORD_COLUMN_COUNT] = {
 			"id", "state", "attempt", "fingerprint", "recovery_point",
@@ -762,7 +764,7 @@ record_attnums(Relation heap)
 			if (attnums[i] <= 0)
 				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
 		}
-		attnums_relid = RelationGetRelid(heap);
+		attnums_layout = layout;
 	}
 	return attnums;
 }
