@@ -73,8 +73,8 @@ typedef enum RecordPlan
 	"on_lease_expiry, response_status, response_headers, response_body, " \
 	"resource_id, expires_at"
 
-/* The columns the direct writes (record_writer.c) set. */
-typedef enum WriteColumn
+/* The columns of idem_records that the reads and direct writes use. */
+typedef enum RecordColumn
 {
 	COL_ID,
 	COL_ROLE,
@@ -99,8 +99,15 @@ typedef enum WriteColumn
 	COL_UPDATED_AT,
 	COL_COMPLETED_AT,
 	COL_EXPIRES_AT,
-	NUM_WRITE_COLUMNS
-} WriteColumn;
+	NUM_RECORD_COLUMNS
+} RecordColumn;
+
+/* RECORD_COLUMNS, the columns read_record decodes, as RecordColumns. */
+static const RecordColumn record_columns[RECORD_COLUMN_COUNT] = {
+	COL_ID, COL_STATE, COL_ATTEMPT, COL_FINGERPRINT, COL_RECOVERY_POINT,
+	COL_LOCKED_UNTIL, COL_ON_LEASE_EXPIRY, COL_RESPONSE_STATUS,
+	COL_RESPONSE_HEADERS, COL_RESPONSE_BODY, COL_RESOURCE_ID, COL_EXPIRES_AT
+};
 
 /* Operators of pg_catalog, whatever the search_path says. */
 #define EQ " OPERATOR(pg_catalog.=) "
@@ -116,14 +123,13 @@ static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
 static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
 static bool lock_token_attempt(IdemRecordWriter *w, const IdemToken *token);
-static bool token_write(const IdemToken *token, WriteColumn column,
+static bool token_write(const IdemToken *token, RecordColumn column,
 						Datum value, TimestampTz now);
-static const AttrNumber *write_attnums(Relation heap);
+static const AttrNumber *column_attnums(Relation heap);
 static void set_column(Datum *values, bool *nulls, AttrNumber attnum,
 					   Datum value);
 static void set_nullable(Datum *values, bool *nulls, AttrNumber attnum,
 						 void *pointer);
-static const AttrNumber *record_attnums(Relation heap);
 static void read_record(const Datum *values, const bool *nulls, IdemRecord *rec,
 						MemoryContext into);
 static void read_spi_row(IdemRecord *rec, bool with_scope, MemoryContext into);
@@ -168,10 +174,10 @@ idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 	{
 		Datum		values[RECORD_COLUMN_COUNT];
 		bool		nulls[RECORD_COLUMN_COUNT];
-		const AttrNumber *attnums = record_attnums(heap);
+		const AttrNumber *col = column_attnums(heap);
 
 		for (i = 0; i < RECORD_COLUMN_COUNT; i++)
-			values[i] = slot_getattr(slot, attnums[i], &nulls[i]);
+			values[i] = slot_getattr(slot, col[record_columns[i]], &nulls[i]);
 		read_record(values, nulls, rec, CurrentMemoryContext);
 	}
 	index_endscan(scan);
@@ -237,7 +243,7 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 		return false;
 	}
 
-	col = write_attnums(w.rel);
+	col = column_attnums(w.rel);
 	values = idem_writer_new_row(&w, &nulls, false);
 	*id = idem_writer_next_id(&w);
 	set_column(values, nulls, col[COL_ID], Int64GetDatum(*id));
@@ -355,7 +361,7 @@ idem_record_finish(const IdemToken *token, const IdemResponse *response,
 	ok = lock_token_attempt(&w, token);
 	if (ok)
 	{
-		col = write_attnums(w.rel);
+		col = column_attnums(w.rel);
 		values = idem_writer_new_row(&w, &nulls, true);
 		ttl = values[col[COL_TTL] - 1];
 		set_column(values, nulls, col[COL_STATE],
@@ -631,7 +637,7 @@ lock_token_attempt(IdemRecordWriter *w, const IdemToken *token)
 	if (!idem_writer_lock(w, token->record_id, LockWaitBlock))
 		return false;
 
-	col = write_attnums(w->rel);
+	col = column_attnums(w->rel);
 	value = slot_getattr(slot, col[COL_STATE], &isnull);
 	if (isnull || DatumGetObjectId(value) != cat->state_oids[IDEM_PROCESSING])
 		return false;
@@ -661,7 +667,7 @@ lock_token_attempt(IdemRecordWriter *w, const IdemToken *token)
  * attempt.
  */
 static bool
-token_write(const IdemToken *token, WriteColumn column, Datum value,
+token_write(const IdemToken *token, RecordColumn column, Datum value,
 			TimestampTz now)
 {
 	IdemRecordWriter w;
@@ -674,7 +680,7 @@ token_write(const IdemToken *token, WriteColumn column, Datum value,
 	ok = lock_token_attempt(&w, token);
 	if (ok)
 	{
-		col = write_attnums(w.rel);
+		col = column_attnums(w.rel);
 		values = idem_writer_new_row(&w, &nulls, true);
 		set_column(values, nulls, col[column], value);
 		set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(now));
@@ -685,19 +691,19 @@ token_write(const IdemToken *token, WriteColumn column, Datum value,
 }
 
 /*
- * Column numbers of the WriteColumn columns in the records table, found
+ * Column numbers of the RecordColumn columns in the records table, found
  * again whenever the table's definition may have changed.
  */
 static const AttrNumber *
-write_attnums(Relation heap)
+column_attnums(Relation heap)
 {
-	static AttrNumber attnums[NUM_WRITE_COLUMNS];
+	static AttrNumber attnums[NUM_RECORD_COLUMNS];
 	static uint64 attnums_layout = 0;
 	uint64		layout = idem_catalog()->layout_generation;
 
 	if (attnums_layout != layout)
 	{
-		static const char *const names[NUM_WRITE_COLUMNS] = {
+		static const char *const names[NUM_RECORD_COLUMNS] = {
 			"id", "role", "tenant", "caller", "operation", "key",
 			"fingerprint", "state", "attempt", "attempt_token",
 			"recovery_point", "locked_until", "on_lease_expiry", "ttl",
@@ -707,7 +713,7 @@ write_attnums(Relation heap)
 		};
 		int			i;
 
-		for (i = 0; i < NUM_WRITE_COLUMNS; i++)
+		for (i = 0; i < NUM_RECORD_COLUMNS; i++)
 		{
 			attnums[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
 			if (attnums[i] <= 0)
@@ -736,37 +742,6 @@ set_nullable(Datum *values, bool *nulls, AttrNumber attnum, void *pointer)
 {
 	values[attnum - 1] = PointerGetDatum(pointer);
 	nulls[attnum - 1] = pointer == NULL;
-}
-
-/*
- * Column numbers of RECORD_COLUMNS in the records table, found again
- * whenever the table's definition may have changed.
- */
-static const AttrNumber *
-record_attnums(Relation heap)
-{
-	static AttrNumber attnums[RECORD_COLUMN_COUNT];
-	static uint64 attnums_layout = 0;
-	uint64		layout = idem_catalog()->layout_generation;
-
-	if (attnums_layout != layout)
-	{
-		static const char *const names[RECORD_COLUMN_COUNT] = {
-			"id", "state", "attempt", "fingerprint", "recovery_point",
-			"locked_until", "on_lease_expiry", "response_status",
-			"response_headers", "response_body", "resource_id", "expires_at"
-		};
-		int			i;
-
-		for (i = 0; i < RECORD_COLUMN_COUNT; i++)
-		{
-			attnums[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
-			if (attnums[i] <= 0)
-				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
-		}
-		attnums_layout = layout;
-	}
-	return attnums;
 }
 
 /*
