@@ -108,6 +108,8 @@ static char *worker_dbname = NULL;
 static bool reported_waiting = false;
 
 static List *database_list(bool report);
+static void init_worker(BackgroundWorker *worker, const char *function,
+						int restart_time);
 static bool start_worker(Oid dboid, const char *dbname, pid_t notify_pid,
 						 BackgroundWorkerHandle **handle);
 static void launcher_pass(LauncherEntry *entries, int nentries);
@@ -161,17 +163,27 @@ idem_register_workers(void)
 	if (database_list(true) == NIL)
 		return;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-		BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = IDEM_LAUNCHER_RESTART_S;
-	strlcpy(worker.bgw_library_name, IDEM_EXTENSION_NAME, BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idem_launcher_main", BGW_MAXLEN);
+	init_worker(&worker, "idem_launcher_main", IDEM_LAUNCHER_RESTART_S);
 	strlcpy(worker.bgw_name, IDEM_LAUNCHER_NAME, BGW_MAXLEN);
 	strlcpy(worker.bgw_type, IDEM_LAUNCHER_NAME, BGW_MAXLEN);
 
 	RegisterBackgroundWorker(&worker);
+}
+
+/*
+ * What the launcher and the workers have in common: a database connection,
+ * started once recovery has finished, running a function of this library.
+ */
+static void
+init_worker(BackgroundWorker *worker, const char *function, int restart_time)
+{
+	memset(worker, 0, sizeof(*worker));
+	worker->bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker->bgw_restart_time = restart_time;
+	strlcpy(worker->bgw_library_name, IDEM_EXTENSION_NAME, BGW_MAXLEN);
+	strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
 }
 
 /*
@@ -184,13 +196,7 @@ start_worker(Oid dboid, const char *dbname, pid_t notify_pid,
 {
 	BackgroundWorker worker;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-		BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(worker.bgw_library_name, IDEM_EXTENSION_NAME, BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idem_worker_main", BGW_MAXLEN);
+	init_worker(&worker, "idem_worker_main", BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency worker for database %s",
 			 dbname);
 	strlcpy(worker.bgw_type, IDEM_WORKER_TYPE, BGW_MAXLEN);
