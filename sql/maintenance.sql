@@ -111,13 +111,13 @@ CREATE FUNCTION trap.enum_eq(idem_state, idem_state) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO trap.calls VALUES ('enum =');
-  RETURN $1::text = $2::text;
+  RETURN $1 OPERATOR(pg_catalog.=) $2;
 END $$;
 CREATE FUNCTION trap.ts_lt(timestamptz, timestamptz) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO trap.calls VALUES ('timestamptz <');
-  RETURN $1::text < $2::text;
+  RETURN $1 OPERATOR(pg_catalog.<) $2;
 END $$;
 CREATE OPERATOR trap.= (FUNCTION = trap.enum_eq, LEFTARG = idem_state, RIGHTARG = idem_state);
 CREATE OPERATOR trap.< (FUNCTION = trap.ts_lt, LEFTARG = timestamptz, RIGHTARG = timestamptz);
