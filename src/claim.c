@@ -87,8 +87,7 @@ typedef struct ClaimRequest
 {
 	IdemScope	scope;
 	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
-	Interval   *ttl;
-	int64		ttl_usecs;
+	Interval   *ttl;			/* applied as timestamptz + interval */
 	int64		lease_usecs;
 	int64		wait_usecs;
 	IdemLeasePolicy on_lease_expiry;
@@ -126,14 +125,13 @@ idem_claim(PG_FUNCTION_ARGS)
 		empty_request_fingerprint(req.fingerprint);
 	else
 		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
-	req.ttl_usecs = interval_arg(fcinfo, 5, "ttl",
-								 (int64) idem_default_ttl_s * USECS_PER_SEC, false);
+	req.ttl = PG_ARGISNULL(5) ? seconds_interval(idem_default_ttl_s) :
+		PG_GETARG_INTERVAL_P(5);
+	(void) idem_interval_usecs(req.ttl, "ttl", false);
 	req.lease_usecs = interval_arg(fcinfo, 6, "lease",
 								   (int64) idem_default_lease_ms * 1000, false);
 	req.wait_usecs = interval_arg(fcinfo, 7, "wait",
 								  (int64) idem_claim_wait_ms * 1000, true);
-	req.ttl = PG_ARGISNULL(5) ? seconds_interval(idem_default_ttl_s) :
-		PG_GETARG_INTERVAL_P(5);
 	idem_require_arg(fcinfo, 8, "on_lease_expiry");
 	req.on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(8));
 
@@ -264,7 +262,7 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		idem_token_new_secret(start.secret);
 		start.now = now;
 		start.locked_until = idem_timestamp_plus(now, req->lease_usecs, "lease");
-		start.expires_at = idem_timestamp_plus(now, req->ttl_usecs, "ttl");
+		start.expires_at = idem_interval_end(now, req->ttl);
 		start.ttl = req->ttl;
 		start.on_lease_expiry = req->on_lease_expiry;
 

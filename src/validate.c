@@ -20,6 +20,7 @@
 #include "validate.h"
 
 static Size stored_size(FunctionCallInfo fcinfo, int argno);
+static char *interval_text(Interval *value);
 
 /*
  * Raise unless argument argno (0-based) is given.
@@ -97,8 +98,19 @@ idem_check_name(text *value, const char *what, bool allow_empty)
 }
 
 /*
- * An interval as microseconds, counting a month as 30 days and a day as 24
- * hours (as EXTRACT(epoch) does).  Must be positive, or zero if allowed.
+ * An interval argument (ttl, lease, wait) as microseconds, counting a month
+ * as 30 days and a day as 24 hours (as EXTRACT(epoch) does, and as leases
+ * and waits are applied).  Must be positive, or zero if allowed, and at most
+ * IDEM_MAX_INTERVAL_DAYS.
+ *
+ * Every field must be zero or positive.  A ttl is applied with calendar
+ * arithmetic (timestamptz + interval, when a record completes or its lease
+ * ends, possibly long after the call), and with mixed signs that depends on
+ * the date: '1 mon -30 days' is a day from January 31st and minus a day from
+ * March 1st, and '-1 year 360 days 1 hour' looks positive when months count
+ * 30 days yet ends before it starts.  With no negative field, start plus the
+ * interval is later than start from any date, in either arithmetic; the
+ * bound keeps it representable from any date a record can live to.
  */
 int64
 idem_interval_usecs(Interval *value, const char *what, bool allow_zero)
@@ -106,22 +118,44 @@ idem_interval_usecs(Interval *value, const char *what, bool allow_zero)
 	int64		days;
 	int64		usecs;
 
-	if (pg_mul_s64_overflow((int64) value->month, DAYS_PER_MONTH, &days) ||
-		pg_add_s64_overflow(days, (int64) value->day, &days) ||
-		pg_mul_s64_overflow(days, USECS_PER_DAY, &usecs) ||
-		pg_add_s64_overflow(usecs, value->time, &usecs))
-		ereport(ERROR,
-				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
-				 errmsg("%s is out of range", what)));
-	if (usecs < 0 || (usecs == 0 && !allow_zero))
+	if (value->month < 0 || value->day < 0 || value->time < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must be %s", what,
 						allow_zero ? "zero or positive" : "positive"),
-				 errdetail("The value given is %s.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(value))))));
+				 errdetail("The value given is %s; no part of it (months, days, time) may be negative.",
+						   interval_text(value))));
+	if (!allow_zero && value->month == 0 && value->day == 0 && value->time == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be positive", what),
+				 errdetail("The value given is %s.", interval_text(value))));
+	if (pg_mul_s64_overflow((int64) value->month, DAYS_PER_MONTH, &days) ||
+		pg_add_s64_overflow(days, (int64) value->day, &days) ||
+		days > IDEM_MAX_INTERVAL_DAYS ||
+		pg_mul_s64_overflow(days, USECS_PER_DAY, &usecs) ||
+		pg_add_s64_overflow(usecs, value->time, &usecs) ||
+		usecs > IDEM_MAX_INTERVAL_DAYS * USECS_PER_DAY)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is out of range", what),
+				 errdetail("The value given is %s; the longest accepted is %d days.",
+						   interval_text(value), (int) IDEM_MAX_INTERVAL_DAYS)));
 	return usecs;
+}
+
+/*
+ * start + value in calendar arithmetic (timestamptz + interval, in the
+ * session's time zone), as a ttl is applied.  value must have passed
+ * idem_interval_usecs: then the sum is later than start and cannot leave
+ * the range of timestamps.
+ */
+TimestampTz
+idem_interval_end(TimestampTz start, Interval *value)
+{
+	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												   TimestampTzGetDatum(start),
+												   IntervalPGetDatum(value)));
 }
 
 /*
@@ -134,7 +168,7 @@ idem_timestamp_plus(TimestampTz start, int64 usecs, const char *what)
 
 	if (pg_add_s64_overflow(start, usecs, &result) || !IS_VALID_TIMESTAMP(result))
 		ereport(ERROR,
-				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s is out of range", what),
 				 errdetail("It ends past the largest timestamp.")));
 	return result;
@@ -269,4 +303,14 @@ stored_size(FunctionCallInfo fcinfo, int argno)
 	if (argno < 0 || PG_ARGISNULL(argno))
 		return 0;
 	return toast_raw_datum_size(PG_GETARG_DATUM(argno)) - VARHDRSZ;
+}
+
+/*
+ * An interval's text form, for a message.
+ */
+static char *
+interval_text(Interval *value)
+{
+	return DatumGetCString(DirectFunctionCall1(interval_out,
+											   IntervalPGetDatum(value)));
 }

@@ -16,7 +16,15 @@
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name);
 extern void idem_check_key(text *key);
 extern void idem_check_name(text *value, const char *what, bool allow_empty);
+/*
+ * The longest ttl, lease or wait accepted, in days (about 1,000 years): far
+ * beyond any use, and far enough from the end of timestamps that applying
+ * it from any date a record can live to stays in range.
+ */
+#define IDEM_MAX_INTERVAL_DAYS INT64CONST(365250)
+
 extern int64 idem_interval_usecs(Interval *value, const char *what, bool allow_zero);
+extern TimestampTz idem_interval_end(TimestampTz start, Interval *value);
 extern TimestampTz idem_timestamp_plus(TimestampTz start, int64 usecs, const char *what);
 extern void idem_check_http_status(int32 status);
 extern void idem_check_headers(Jsonb *headers);
