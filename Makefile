@@ -25,7 +25,7 @@ OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
 # Security: role isolation, least privilege, hostile input
 OBJS += src/security.o
 REGRESS += security
-ISOLATION += claim_roles
+ISOLATION += claim_roles token_probe
 
 # Background worker and maintenance passes
 OBJS += src/worker.o src/worker_status.o src/maintenance.o

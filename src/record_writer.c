@@ -222,14 +222,24 @@ idem_writer_insert(IdemRecordWriter *w)
 bool
 idem_writer_lock(IdemRecordWriter *w, int64 id, LockWaitPolicy wait)
 {
+	return idem_writer_read(w, id) && idem_writer_lock_read(w, wait);
+}
+
+/*
+ * Find the record with this id, as committed now, into w->old_slot without
+ * locking or waiting for anything.  Returns false when there is none.
+ */
+bool
+idem_writer_read(IdemRecordWriter *w, int64 id)
+{
 	ScanKeyData key;
 	IndexScanDesc scan;
-	TM_FailureData tmfd;
-	TM_Result	result;
 	bool		found;
 
 	/* see this statement's own earlier writes, as a statement would */
 	CommandCounterIncrement();
+	if (w->snapshot != NULL)
+		UnregisterSnapshot(w->snapshot);
 	w->snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	w->estate->es_snapshot = w->snapshot;
 	w->estate->es_output_cid = GetCurrentCommandId(true);
@@ -241,8 +251,20 @@ idem_writer_lock(IdemRecordWriter *w, int64 id, LockWaitPolicy wait)
 	index_rescan(scan, &key, 1, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, w->old_slot);
 	index_endscan(scan);
-	if (!found)
-		return false;
+	return found;
+}
+
+/*
+ * Lock the row idem_writer_read found, the way UPDATE locks it.  Returns
+ * false when it is gone, or with LockWaitSkip when another transaction
+ * holds a lock on it.  Under READ COMMITTED w->old_slot then holds the
+ * newest version, which may differ from the one read: check it again.
+ */
+bool
+idem_writer_lock_read(IdemRecordWriter *w, LockWaitPolicy wait)
+{
+	TM_FailureData tmfd;
+	TM_Result	result;
 
 	result = table_tuple_lock(w->rel, &w->old_slot->tts_tid, w->snapshot,
 							  w->old_slot, w->estate->es_output_cid,

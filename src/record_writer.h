@@ -37,6 +37,8 @@ extern Datum *idem_writer_new_row(IdemRecordWriter *w, bool **nulls,
 extern void idem_writer_insert(IdemRecordWriter *w);
 extern bool idem_writer_lock(IdemRecordWriter *w, int64 id,
 							 LockWaitPolicy wait);
+extern bool idem_writer_read(IdemRecordWriter *w, int64 id);
+extern bool idem_writer_lock_read(IdemRecordWriter *w, LockWaitPolicy wait);
 extern void idem_writer_update(IdemRecordWriter *w);
 
 #endif							/* IDEM_RECORD_WRITER_H */

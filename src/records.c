@@ -123,6 +123,8 @@ static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
 static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
 static bool lock_token_attempt(IdemRecordWriter *w, const IdemToken *token);
+static bool token_owns_row(TupleTableSlot *slot, const AttrNumber *col,
+						   const IdemToken *token);
 static bool token_write(const IdemToken *token, RecordColumn column,
 						Datum value, TimestampTz now);
 static const AttrNumber *column_attnums(Relation heap);
@@ -621,6 +623,12 @@ scope_keys(const IdemScope *scope, ScanKey keys)
  * Lock the record a token names, waiting for other writers, and check that
  * it is still processing the very attempt the token names, for the role
  * that claimed it.  Returns false when it is not.
+ *
+ * The role and the secret are checked on the committed row before anything
+ * locks or waits: a token naming another role's record, or with a wrong
+ * secret, is refused at once, exactly as one naming no record, so that it
+ * cannot tell by an error or a wait which records exist or are being
+ * written.  Only then is the row locked, and checked again in full.
  */
 static bool
 lock_token_attempt(IdemRecordWriter *w, const IdemToken *token)
@@ -630,35 +638,59 @@ lock_token_attempt(IdemRecordWriter *w, const IdemToken *token)
 	TupleTableSlot *slot = w->old_slot;
 	bool		isnull;
 	Datum		value;
-	bytea	   *secret;
-	text	   *role;
 
 	Assert(token->role != NULL);
-	if (!idem_writer_lock(w, token->record_id, LockWaitBlock))
+	col = column_attnums(w->rel);
+	if (!idem_writer_read(w, token->record_id) ||
+		!token_owns_row(slot, col, token))
+		return false;
+	if (!idem_writer_lock_read(w, LockWaitBlock) ||
+		!token_owns_row(slot, col, token))
 		return false;
 
-	col = column_attnums(w->rel);
 	value = slot_getattr(slot, col[COL_STATE], &isnull);
 	if (isnull || DatumGetObjectId(value) != cat->state_oids[IDEM_PROCESSING])
 		return false;
 	value = slot_getattr(slot, col[COL_ATTEMPT], &isnull);
-	if (isnull || DatumGetInt32(value) != token->attempt)
-		return false;
-	value = slot_getattr(slot, col[COL_ATTEMPT_TOKEN], &isnull);
-	if (isnull)
-		return false;
-	secret = DatumGetByteaPP(value);
-	if (VARSIZE_ANY_EXHDR(secret) != IDEM_TOKEN_SECRET_LEN ||
-		memcmp(VARDATA_ANY(secret), token->secret, IDEM_TOKEN_SECRET_LEN) != 0)
-		return false;
-	/* roles compare as bytes: the column's collation is "C" */
+	return !isnull && DatumGetInt32(value) == token->attempt;
+}
+
+/*
+ * Whether the row in slot belongs to the token's role and holds its
+ * secret.  Both compare as bytes (the role column's collation is "C"), the
+ * secret in constant time.
+ */
+static bool
+token_owns_row(TupleTableSlot *slot, const AttrNumber *col,
+			   const IdemToken *token)
+{
+	bool		isnull;
+	Datum		value;
+	bytea	   *secret;
+	text	   *role;
+	const uint8 *stored;
+	uint8		diff = 0;
+	int			i;
+
 	value = slot_getattr(slot, col[COL_ROLE], &isnull);
 	if (isnull)
 		return false;
 	role = DatumGetTextPP(value);
-	return VARSIZE_ANY_EXHDR(role) == VARSIZE_ANY_EXHDR(token->role) &&
+	if (VARSIZE_ANY_EXHDR(role) != VARSIZE_ANY_EXHDR(token->role) ||
 		memcmp(VARDATA_ANY(role), VARDATA_ANY(token->role),
-			   VARSIZE_ANY_EXHDR(role)) == 0;
+			   VARSIZE_ANY_EXHDR(role)) != 0)
+		return false;
+
+	value = slot_getattr(slot, col[COL_ATTEMPT_TOKEN], &isnull);
+	if (isnull)
+		return false;
+	secret = DatumGetByteaPP(value);
+	if (VARSIZE_ANY_EXHDR(secret) != IDEM_TOKEN_SECRET_LEN)
+		return false;
+	stored = (const uint8 *) VARDATA_ANY(secret);
+	for (i = 0; i < IDEM_TOKEN_SECRET_LEN; i++)
+		diff |= stored[i] ^ token->secret[i];
+	return diff == 0;
 }
 
 /*
