@@ -97,6 +97,9 @@ static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
 static void answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
 							   const IdemRecord *rec, TimestampTz now);
 static void answer_busy(IdemAnswer *answer);
+static void answer_in_progress_now(const IdemScope *scope,
+								   const IdemRecord *rec,
+								   IdemAnswer *answer, TimestampTz now);
 static void answer_proceed(IdemAnswer *answer, IdemRecord *rec,
 						   const IdemAttemptStart *start, int32 attempt);
 static void sleep_until(TimestampTz until, int *step_ms);
@@ -207,6 +210,12 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		{
 			if (d.outcome == IDEM_OUTCOME_IN_PROGRESS && now < deadline)
 			{
+				if (IsolationUsesXactSnapshot())
+				{
+					/* this snapshot never sees the attempt end: no sleeping */
+					answer_in_progress_now(&req->scope, &rec, answer, now);
+					break;
+				}
 				sleep_until(Min(deadline, rec.locked_until), &step_ms);
 				continue;
 			}
@@ -352,6 +361,36 @@ answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
 			/* a lookup (idem_replay) of a key a claim would proceed with */
 			break;
 	}
+}
+
+/*
+ * Answer a claim that would wait for a running attempt, under REPEATABLE
+ * READ or SERIALIZABLE, at once.  Its snapshot shows the record as it was
+ * when the transaction began, so waiting would only sleep out the deadline
+ * and then answer from a lease that may be long over.  If the record has
+ * changed since (completed, failed, taken over), retrying the transaction
+ * will see the answer: a serialization failure says so.  Otherwise the
+ * attempt is still running: in_progress, with retry_after 1, as the claim
+ * that asked to wait could not.
+ */
+static void
+answer_in_progress_now(const IdemScope *scope, const IdemRecord *rec,
+					   IdemAnswer *answer, TimestampTz now)
+{
+	IdemRecord	latest;
+
+	if (!idem_record_fetch_latest(scope, &latest) ||
+		latest.id != rec->id || latest.state != rec->state ||
+		latest.attempt != rec->attempt ||
+		latest.has_lease != rec->has_lease ||
+		(rec->has_lease && latest.locked_until != rec->locked_until))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update"),
+				 errdetail("The idempotency record changed after this transaction's snapshot was taken."),
+				 errhint("Retry the transaction: it will see the record's answer.")));
+	answer_from_record(answer, IDEM_OUTCOME_IN_PROGRESS, rec, now);
+	answer->retry_after = 1;
 }
 
 /*

@@ -117,6 +117,7 @@ static const RecordColumn record_columns[RECORD_COLUMN_COUNT] = {
 static SPIPlanPtr plans[NUM_RECORD_PLANS];
 static uint64 plans_generation = 0;
 
+static bool fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest);
 static SPIPlanPtr get_plan(RecordPlan which);
 static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat);
 static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
@@ -150,6 +151,23 @@ static Datum nullable(void *pointer, char *null);
 bool
 idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 {
+	return fetch_record(scope, rec, false);
+}
+
+/*
+ * Read the record of a scope and key as committed now, whatever the
+ * transaction's snapshot: under REPEATABLE READ or SERIALIZABLE, whether
+ * the record changed since the snapshot was taken.
+ */
+bool
+idem_record_fetch_latest(const IdemScope *scope, IdemRecord *rec)
+{
+	return fetch_record(scope, rec, true);
+}
+
+static bool
+fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
+{
 	const IdemCatalog *cat = idem_catalog();
 	ScanKeyData keys[RECORD_SCOPE_COLUMNS];
 	Snapshot	snapshot;
@@ -164,7 +182,8 @@ idem_record_fetch(const IdemScope *scope, IdemRecord *rec)
 
 	/* make this statement's own earlier writes visible, as SPI would */
 	CommandCounterIncrement();
-	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
+								GetTransactionSnapshot());
 	heap = table_open(cat->table_oid, AccessShareLock);
 	index = index_open(cat->scope_index_oid, AccessShareLock);
 	slot = table_slot_create(heap, NULL);

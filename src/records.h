@@ -88,6 +88,7 @@ typedef struct IdemToken
 } IdemToken;
 
 extern bool idem_record_fetch(const IdemScope *scope, IdemRecord *rec);
+extern bool idem_record_fetch_latest(const IdemScope *scope, IdemRecord *rec);
 extern bool idem_record_fetch_by_id(int64 id, text *role, bool any_role,
 									IdemRecord *rec);
 extern bool idem_record_insert(const IdemScope *scope,
