@@ -37,6 +37,7 @@ int			idem_cleanup_batch_size = 200;
 int			idem_cleanup_max_batches = 500;
 int			idem_cleanup_grace_s = 10 * 60;
 int			idem_cleanup_delay_ms = 20;
+bool		idem_synchronous_outcomes = true;
 
 void		_PG_init(void);
 
@@ -107,6 +108,14 @@ define_settings(void)
 							PGC_SUSET, 0,
 							NULL, NULL, NULL);
 
+	DefineCustomBoolVariable("idempotency.synchronous_outcomes",
+							 "Commits every transaction that writes an idempotency record synchronously.",
+							 "A claim that proceeds, a completion, a failure or a resolve is then on disk "
+							 "before anyone is told it, whatever synchronous_commit says.",
+							 &idem_synchronous_outcomes,
+							 true,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
 	DefineCustomIntVariable("idempotency.naptime",
 							"Time the background worker sleeps between cycles.",
 							NULL,

@@ -26,5 +26,6 @@ extern int	idem_cleanup_batch_size;
 extern int	idem_cleanup_max_batches;
 extern int	idem_cleanup_grace_s;
 extern int	idem_cleanup_delay_ms;
+extern bool idem_synchronous_outcomes;
 
 #endif							/* IDEMPOTENCY_H */

@@ -53,6 +53,7 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
+#include "idempotency.h"
 #include "record_writer.h"
 #include "records.h"
 
@@ -123,6 +124,7 @@ static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat);
 static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
 static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
+static void outcome_written(void);
 static bool lock_token_attempt(IdemRecordWriter *w, const IdemToken *token);
 static bool token_owns_row(TupleTableSlot *slot, const AttrNumber *col,
 						   const IdemToken *token);
@@ -292,6 +294,7 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 			   TimestampTzGetDatum(start->expires_at));
 	idem_writer_insert(&w);
 	idem_writer_end(&w);
+	outcome_written();
 	return true;
 }
 
@@ -340,6 +343,7 @@ idem_record_restart(IdemRecord *rec, bool reuse,
 						  &isnull);
 	rec->recovery_point = isnull ? NULL : (text *) copy_out(point, caller);
 	SPI_finish();
+	outcome_written();
 	return true;
 }
 
@@ -359,7 +363,10 @@ idem_record_mark_unknown(const IdemRecord *rec, TimestampTz now)
 	values[2] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
 	values[3] = TimestampTzGetDatum(now);
 	values[4] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
-	return run_plan_once(PLAN_MARK_UNKNOWN, values, NULL) > 0;
+	if (run_plan_once(PLAN_MARK_UNKNOWN, values, NULL) == 0)
+		return false;
+	outcome_written();
+	return true;
 }
 
 /*
@@ -400,6 +407,7 @@ idem_record_finish(const IdemToken *token, const IdemResponse *response,
 				   DirectFunctionCall2(timestamptz_pl_interval,
 									   TimestampTzGetDatum(now), ttl));
 		idem_writer_update(&w);
+		outcome_written();
 	}
 	idem_writer_end(&w);
 	return ok;
@@ -453,7 +461,10 @@ idem_record_resolve(int64 id, text *role, bool any_role,
 	values[7] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
 	values[8] = PointerGetDatum(role);
 	values[9] = BoolGetDatum(any_role);
-	return run_plan_once(PLAN_RESOLVE, values, nulls) > 0;
+	if (run_plan_once(PLAN_RESOLVE, values, nulls) == 0)
+		return false;
+	outcome_written();
+	return true;
 }
 
 /*
@@ -617,6 +628,21 @@ run_plan_once(RecordPlan which, Datum *values, const char *nulls)
 
 	SPI_finish();
 	return processed;
+}
+
+/*
+ * A write that someone will act on (a claim that proceeds, an outcome, a
+ * record marked unknown) was made.  With idempotency.synchronous_outcomes,
+ * the transaction commits synchronously whatever synchronous_commit says:
+ * an asynchronous commit is visible before it is on disk, and a crash would
+ * take back a claim a client already acted on, or an outcome already
+ * replayed.  Lease extensions and recovery points are not outcomes.
+ */
+static void
+outcome_written(void)
+{
+	if (idem_synchronous_outcomes)
+		ForceSyncCommit();
 }
 
 /*
