@@ -145,3 +145,17 @@ SELECT idem_complete('1.1.zz', 200);
 SELECT idem_complete('999999.1.00000000000000000000000000000000', 200);
 
 SELECT operation, state, records FROM idem_stats ORDER BY operation, state;
+
+-- 14. A record at the largest attempt number cannot start another attempt:
+-- a clear error, never an overflow into a negative attempt.
+SELECT record_id AS last_id, token AS last_token
+  FROM idem_claim('payments.create', 'key-last-attempt', '{"n": 1}') \gset
+SELECT idem_fail(:'last_token', 503, retryable => true);
+ALTER TABLE idem_records DISABLE TRIGGER idem_records_guard;
+UPDATE idem_records SET attempt = 2147483647 WHERE id = :last_id;
+ALTER TABLE idem_records ENABLE TRIGGER idem_records_guard;
+SELECT outcome FROM idem_claim('payments.create', 'key-last-attempt', '{"n": 1}');
+SELECT state, attempt FROM idem_records WHERE id = :last_id;
+-- The guard refuses the wrapped attempt number a direct update would write.
+UPDATE idem_records SET state = 'processing', attempt = -2147483648 WHERE id = :last_id;
+DELETE FROM idem_records WHERE id = :last_id;

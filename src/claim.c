@@ -288,7 +288,16 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			case IDEM_ACTION_NEW_ATTEMPT:
 				{
 					bool		reuse = d.action == IDEM_ACTION_REUSE;
-					int32		attempt = reuse ? 1 : rec.attempt + 1;
+					int32		attempt;
+
+					if (!reuse && rec.attempt == PG_INT32_MAX)
+						ereport(ERROR,
+								(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+								 errmsg("the idempotency record has reached the largest attempt number"),
+								 errdetail("Attempt %d was its last; no further attempt can start.",
+										   rec.attempt),
+								 errhint("The owner of idem_records can delete the record to start the command over.")));
+					attempt = reuse ? 1 : rec.attempt + 1;
 
 					wrote = idem_record_restart(&rec, reuse, &start);
 					if (wrote)

@@ -164,7 +164,7 @@ idem_check_change(const IdemChange *change)
 			return;
 		/* ... or a retryable one that just expired gets its new attempt. */
 		if (from != IDEM_RETRYABLE || change->fingerprint_changed ||
-			change->new_attempt != change->old_attempt + 1)
+			(int64) change->new_attempt != (int64) change->old_attempt + 1)
 			reject_change(change, "A reused record starts again at attempt 1.");
 		return;
 	}
@@ -176,9 +176,9 @@ idem_check_change(const IdemChange *change)
 	{
 		if (change->new_attempt == change->old_attempt)
 			return;				/* heartbeat or checkpoint */
-		if (change->new_attempt != change->old_attempt + 1)
-			reject_change(change, "A takeover starts attempt %d.",
-						  change->old_attempt + 1);
+		if ((int64) change->new_attempt != (int64) change->old_attempt + 1)
+			reject_change(change, "A takeover starts attempt " INT64_FORMAT ".",
+						  (int64) change->old_attempt + 1);
 		if (change->old_locked_until > change->now)
 			reject_change(change, "The lease of attempt %d has not ended.",
 						  change->old_attempt);
@@ -190,9 +190,9 @@ idem_check_change(const IdemChange *change)
 		if (from != IDEM_RETRYABLE)
 			reject_change(change, "A \"%s\" record can be claimed again only after it expires.",
 						  idem_state_name(from));
-		if (change->new_attempt != change->old_attempt + 1)
-			reject_change(change, "A new attempt is attempt %d.",
-						  change->old_attempt + 1);
+		if ((int64) change->new_attempt != (int64) change->old_attempt + 1)
+			reject_change(change, "A new attempt is attempt " INT64_FORMAT ".",
+						  (int64) change->old_attempt + 1);
 		return;
 	}
 
