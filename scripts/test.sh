@@ -98,17 +98,31 @@ else
     failed=$((failed + 1))
 fi
 
+# On failure, show what failed and nothing else: the diffs of the failed
+# pg_regress and isolation tests, and the logs of the failed TAP files (a
+# passing TAP file's logs would bury them).
+failed_suite() {
+    local s
+    for s in "${failed_suites[@]}"; do [ "$s" = "$1" ] && return 0; done
+    return 1
+}
 if [ ${#failed_suites[@]} -gt 0 ]; then
-    for f in regression.diffs output_iso/regression.diffs; do
-        if [ -s "$f" ]; then
-            echo "===== $f"
-            cat "$f"
-        fi
-    done
-    if [ -d tmp_check/log ]; then
-        for f in tmp_check/log/*; do
-            echo "===== $f (last 60 lines)"
-            tail -n 60 "$f"
+    if failed_suite regress && [ -s regression.diffs ]; then
+        echo "===== regression.diffs"
+        cat regression.diffs
+    fi
+    if failed_suite isolation && [ -s output_iso/regression.diffs ]; then
+        echo "===== output_iso/regression.diffs"
+        cat output_iso/regression.diffs
+    fi
+    if failed_suite tap && [ -d tmp_check/log ]; then
+        # prove's summary names each failed file: "t/NAME.pl (Wstat: ...".
+        for name in $(sed -nE 's|^t/([^ ]+)\.pl +\(Wstat.*|\1|p' "$IDEM_TMP/tap.out" | sort -u); do
+            for f in tmp_check/log/regress_log_"$name" tmp_check/log/"$name"_*.log; do
+                [ -f "$f" ] || continue
+                echo "===== $f (last 80 lines)"
+                tail -n 80 "$f"
+            done
         done
     fi
     echo "failed suites: ${failed_suites[*]}"
