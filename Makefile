@@ -2,7 +2,7 @@
 
 MODULE_big = idempotency
 EXTENSION = idempotency
-DATA = idempotency--1.0.sql
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql
 PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
@@ -30,6 +30,9 @@ ISOLATION += claim_roles token_probe
 # Background worker and maintenance passes
 OBJS += src/worker.o src/worker_status.o src/maintenance.o
 REGRESS += maintenance
+
+# Versions: 1.0 updated to the default version keeps every record
+REGRESS += upgrade
 ISOLATION += maintenance_skip_locked
 
 PG_CONFIG ?= pg_config

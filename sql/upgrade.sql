@@ -1,0 +1,131 @@
+--
+-- Version 1.0 installed, records of every state stored, then ALTER
+-- EXTENSION UPDATE: every record is kept byte for byte, replays as before,
+-- and 1.0 tokens still complete their attempts.  The updated extension's
+-- objects equal those of a fresh install of the default version.
+--
+-- In a database of its own, so that the other tests' extension is untouched.
+--
+CREATE DATABASE idem_upgrade;
+\c idem_upgrade
+SET client_min_messages = warning;
+
+CREATE EXTENSION idempotency VERSION '1.0';
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+
+-- One record in each state, through the 1.0 API.
+SELECT token AS succeeded_token FROM idem_claim('op', 'succeeded', '{"b": 1, "a": [1.50, "x"]}') \gset
+SELECT idem_complete(:'succeeded_token', 201, '{"id": "pay_1", "amount": 1.50}',
+                     '{"Location": "/payments/pay_1"}', resource_id => 'pay_1');
+SELECT token AS failed_token FROM idem_claim('op', 'failed', '{"n": 2}') \gset
+SELECT idem_fail(:'failed_token', 422, '{"error": "card declined"}');
+SELECT token AS retryable_token FROM idem_claim('op', 'retryable', '{"n": 3}') \gset
+SELECT idem_fail(:'retryable_token', 503, retryable => true);
+SELECT token AS processing_token FROM idem_claim('op', 'processing', '{"n": 4}', lease => '1h') \gset
+SELECT idem_checkpoint(:'processing_token', 'step-2');
+-- A lease of a microsecond has ended by the next statement: the next claim
+-- marks the record unknown.
+SELECT token IS NOT NULL AS claimed FROM idem_claim('op', 'unknown', '{"n": 5}', lease => '1 microsecond');
+SELECT outcome FROM idem_claim('op', 'unknown', '{"n": 5}');
+
+SELECT key, state, attempt FROM idem_records ORDER BY key;
+
+-- Every column of every record, as 1.0 stored it.
+CREATE FUNCTION pg_temp.records_digest() RETURNS text LANGUAGE sql AS $$
+  SELECT md5(string_agg(format('%s', (id, role, tenant, caller, operation, key,
+                                      fingerprint, state, attempt, attempt_token,
+                                      recovery_point, locked_until, on_lease_expiry,
+                                      ttl, response_status, response_headers,
+                                      response_body, resource_id, created_at,
+                                      claimed_at, updated_at, completed_at,
+                                      expires_at)), ',' ORDER BY id))
+    FROM idem_records
+$$;
+SELECT pg_temp.records_digest() AS digest_1_0 \gset
+
+ALTER EXTENSION idempotency UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+
+SELECT pg_temp.records_digest() = :'digest_1_0' AS every_record_kept;
+
+-- The records answer as before.
+SELECT key, outcome, state, attempt, http_status, headers, body, resource_id, error_code
+  FROM (VALUES ('succeeded', '{"a": [1.5, "x"], "b": 1}'::jsonb), ('failed', '{"n": 2}'),
+               ('processing', '{"n": 4}'), ('unknown', '{"n": 5}')) AS r(key, request),
+       idem_claim('op', r.key, r.request)
+ ORDER BY key;
+SELECT outcome, attempt, recovery_point
+  FROM idem_claim('op', 'retryable', '{"n": 3}', lease => '1h');
+
+-- A token issued by 1.0 completes its attempt; an unknown record resolves.
+SELECT idem_complete(:'processing_token', 200, '{"done": true}');
+SELECT outcome, state, http_status, body FROM idem_replay('op', 'processing');
+SELECT idem_resolve(id, 'succeeded', 200, '{"reconciled": true}')
+  FROM idem_records WHERE key = 'unknown';
+SELECT outcome, state, body FROM idem_replay('op', 'unknown');
+
+--
+-- The extension's objects after the update equal a fresh install's: every
+-- member with its definition, privileges and comment, and the table's
+-- columns, indexes, constraints and triggers.
+--
+CREATE FUNCTION pg_temp.extension_objects() RETURNS SETOF text LANGUAGE sql AS $$
+  SELECT pg_describe_object(d.classid, d.objid, 0) || ' = ' ||
+         coalesce(CASE d.classid
+           WHEN 'pg_proc'::regclass THEN
+             (SELECT pg_get_functiondef(p.oid) || ' acl ' || coalesce(p.proacl::text, '-')
+                FROM pg_proc p WHERE p.oid = d.objid)
+           WHEN 'pg_class'::regclass THEN
+             (SELECT c.relkind::text || ' acl ' || coalesce(c.relacl::text, '-') || ' columns ' ||
+                     coalesce((SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ||
+                                                 ' ' || a.attnotnull || ' ' || a.attidentity::text ||
+                                                 ' ' || coalesce(pg_get_expr(ad.adbin, ad.adrelid), '-') ||
+                                                 ' ' || coalesce(co.collname, '-'),
+                                                 ', ' ORDER BY a.attnum)
+                                 FROM pg_attribute a
+                                 LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+                                 LEFT JOIN pg_collation co ON co.oid = a.attcollation
+                                WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '-') ||
+                     CASE WHEN c.relkind = 'v' THEN ' view ' || pg_get_viewdef(c.oid) ELSE '' END ||
+                     ' indexes ' || coalesce((SELECT string_agg(pg_get_indexdef(i.indexrelid), '; ' ORDER BY 1)
+                                                FROM pg_index i WHERE i.indrelid = c.oid), '-') ||
+                     ' constraints ' || coalesce((SELECT string_agg(k.conname || ' ' || pg_get_constraintdef(k.oid), '; ' ORDER BY k.conname)
+                                                    FROM pg_constraint k WHERE k.conrelid = c.oid), '-') ||
+                     ' triggers ' || coalesce((SELECT string_agg(pg_get_triggerdef(t.oid), '; ' ORDER BY t.tgname)
+                                                 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal), '-')
+                FROM pg_class c WHERE c.oid = d.objid)
+           WHEN 'pg_type'::regclass THEN
+             (SELECT t.typtype::text || ' ' ||
+                     coalesce((SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                                 FROM pg_enum e WHERE e.enumtypid = t.oid), '') ||
+                     coalesce((SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum)
+                                 FROM pg_attribute a WHERE a.attrelid = t.typrelid AND a.attnum > 0
+                                  AND NOT a.attisdropped), '')
+                FROM pg_type t WHERE t.oid = d.objid)
+         END, '') ||
+         ' comment ' || coalesce(obj_description(d.objid, d.classid::regclass::name), '-')
+    FROM pg_depend d
+   WHERE d.refclassid = 'pg_extension'::regclass
+     AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+     AND d.deptype = 'e'
+  UNION ALL
+  SELECT 'extension config ' || extconfig::regclass[]::text || ' ' || coalesce(array_to_string(extcondition, ','), '')
+    FROM pg_extension WHERE extname = 'idempotency'
+$$;
+CREATE TEMP TABLE updated_objects AS SELECT * FROM pg_temp.extension_objects() AS o(object);
+SELECT count(*) > 20 AS objects_listed FROM updated_objects;
+
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+CREATE TEMP TABLE fresh_objects AS SELECT * FROM pg_temp.extension_objects() AS o(object);
+
+-- Nothing differs either way.
+(SELECT 'only after update' AS side, object FROM updated_objects
+ EXCEPT SELECT 'only after update', object FROM fresh_objects)
+UNION ALL
+(SELECT 'only in a fresh install', object FROM fresh_objects
+ EXCEPT SELECT 'only in a fresh install', object FROM updated_objects);
+
+\c contrib_regression
+DROP DATABASE idem_upgrade;
