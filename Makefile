@@ -22,6 +22,11 @@ OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
 	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
 	src/derive.o
 
+# Exact responses: encryption at rest through OpenSSL, which PostgreSQL
+# itself links
+OBJS += src/response_seal.o
+SHLIB_LINK += -lcrypto
+
 # Security: role isolation, least privilege, hostile input
 OBJS += src/security.o
 REGRESS += security
@@ -32,7 +37,7 @@ OBJS += src/worker.o src/worker_status.o src/maintenance.o
 REGRESS += maintenance
 
 # Versions: 1.0 updated to the default version keeps every record
-REGRESS += upgrade
+REGRESS += upgrade exact_replay
 ISOLATION += maintenance_skip_locked
 
 PG_CONFIG ?= pg_config

@@ -10,3 +10,118 @@
 -- that, and that every record survives the update).  Calls written for 1.0
 -- keep working unchanged.
 --
+
+--
+-- Exact responses: a raw body of any content type, byte for byte, and
+-- headers as a list of [name, value] pairs (order and repeats kept), besides
+-- 1.0's jsonb body and header object.  With idempotency.encryption_key set,
+-- headers, body and raw body are stored encrypted in response_sealed
+-- instead (src/response_seal.c).
+--
+-- Every 1.0 row already satisfies the new constraints (the old one was
+-- stricter, and the new columns are empty), so they are added NOT VALID:
+-- validating would only scan the whole table while ALTER EXTENSION holds
+-- its lock.
+--
+ALTER TABLE idem_records
+    ADD COLUMN response_raw_body bytea,
+    ADD COLUMN response_sealed bytea,
+    DROP CONSTRAINT idem_records_headers_object,
+    ADD CONSTRAINT idem_records_headers_shape
+        CHECK (jsonb_typeof(response_headers) IN ('object', 'array')) NOT VALID,
+    ADD CONSTRAINT idem_records_sealed_alone
+        CHECK (response_sealed IS NULL
+               OR (response_headers IS NULL AND response_body IS NULL
+                   AND response_raw_body IS NULL)) NOT VALID;
+
+ALTER TYPE idem_decision ADD ATTRIBUTE raw_body bytea;
+
+--
+-- idem_complete, idem_fail and idem_resolve gain raw_body.  A function's
+-- arguments cannot change in place, so each is dropped and created again,
+-- and the EXECUTE privileges granted on the 1.0 function are granted on the
+-- new one.  Those grants are the user's, not the extension's: pg_init_privs
+-- is set back to what a fresh install records, so that pg_dump keeps
+-- dumping them.
+--
+DO $update$
+DECLARE
+    f record;
+    old_acl aclitem[];
+    old_comment text;
+    fresh_init_privs aclitem[];
+    grant_item record;
+BEGIN
+    FOR f IN
+        SELECT * FROM (VALUES
+            ('idem_complete(text, integer, jsonb, jsonb, text)'::regprocedure,
+             $def$CREATE FUNCTION idem_complete(
+                token       text,
+                http_status integer,
+                body        jsonb DEFAULT NULL,
+                headers     jsonb DEFAULT NULL,
+                resource_id text DEFAULT NULL,
+                raw_body    bytea DEFAULT NULL)
+                RETURNS void
+                AS 'MODULE_PATHNAME', 'idem_complete'
+                LANGUAGE C VOLATILE PARALLEL UNSAFE$def$,
+             'idem_complete(text, integer, jsonb, jsonb, text, bytea)'),
+            ('idem_fail(text, integer, jsonb, jsonb, boolean)'::regprocedure,
+             $def$CREATE FUNCTION idem_fail(
+                token       text,
+                http_status integer,
+                body        jsonb DEFAULT NULL,
+                headers     jsonb DEFAULT NULL,
+                retryable   boolean DEFAULT false,
+                raw_body    bytea DEFAULT NULL)
+                RETURNS void
+                AS 'MODULE_PATHNAME', 'idem_fail'
+                LANGUAGE C VOLATILE PARALLEL UNSAFE$def$,
+             'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)'),
+            ('idem_resolve(bigint, text, integer, jsonb, jsonb)'::regprocedure,
+             $def$CREATE FUNCTION idem_resolve(
+                record_id   bigint,
+                state       text,
+                http_status integer,
+                body        jsonb DEFAULT NULL,
+                headers     jsonb DEFAULT NULL,
+                raw_body    bytea DEFAULT NULL)
+                RETURNS void
+                AS 'MODULE_PATHNAME', 'idem_resolve'
+                LANGUAGE C VOLATILE PARALLEL UNSAFE$def$,
+             'idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)')
+        ) AS v(old_function, definition, new_signature)
+    LOOP
+        SELECT proacl, obj_description(oid, 'pg_proc')
+          INTO old_acl, old_comment
+          FROM pg_catalog.pg_proc WHERE oid = f.old_function;
+        EXECUTE format('DROP FUNCTION %s', f.old_function);
+        EXECUTE f.definition;
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.new_signature);
+        IF old_comment IS NOT NULL THEN
+            EXECUTE format('COMMENT ON FUNCTION %s IS %L', f.new_signature, old_comment);
+        END IF;
+        SELECT initprivs INTO fresh_init_privs
+          FROM pg_catalog.pg_init_privs
+         WHERE objoid = f.new_signature::regprocedure
+           AND classoid = 'pg_catalog.pg_proc'::regclass;
+
+        FOR grant_item IN
+            SELECT a.grantee, a.is_grantable
+              FROM pg_catalog.aclexplode(old_acl) AS a
+              JOIN pg_catalog.pg_proc p ON p.oid = f.new_signature::regprocedure
+             WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s',
+                           f.new_signature,
+                           CASE WHEN grant_item.grantee = 0 THEN 'PUBLIC'
+                                ELSE quote_ident(pg_catalog.pg_get_userbyid(grant_item.grantee)) END,
+                           CASE WHEN grant_item.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
+
+        UPDATE pg_catalog.pg_init_privs SET initprivs = fresh_init_privs
+         WHERE objoid = f.new_signature::regprocedure
+           AND classoid = 'pg_catalog.pg_proc'::regclass;
+    END LOOP;
+END
+$update$;

@@ -21,6 +21,7 @@
 #include "utils/guc.h"
 
 #include "idempotency.h"
+#include "response_seal.h"
 #include "worker.h"
 #include "worker_status.h"
 
@@ -116,6 +117,26 @@ define_settings(void)
 							 true,
 							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
+	DefineCustomStringVariable("idempotency.encryption_key",
+							   "Key that encrypts stored responses at rest: 64 hexadecimal digits (AES-256-GCM).",
+							   "Empty stores responses in plaintext.  Only superusers may set it; SHOW never prints it.",
+							   &idem_encryption_key_text,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+							   idem_check_encryption_key,
+							   idem_assign_encryption_key,
+							   idem_show_encryption_key);
+	DefineCustomStringVariable("idempotency.encryption_key_previous",
+							   "Earlier encryption key, still used to decrypt responses stored before a key rotation.",
+							   NULL,
+							   &idem_encryption_key_previous_text,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+							   idem_check_encryption_key,
+							   idem_assign_encryption_key_previous,
+							   idem_show_encryption_key_previous);
 	DefineCustomIntVariable("idempotency.naptime",
 							"Time the background worker sleeps between cycles.",
 							NULL,

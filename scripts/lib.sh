@@ -15,7 +15,7 @@ IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 export PG_CONFIG
 
-IDEM_PACKAGES="make gcc libc6-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl"
+IDEM_PACKAGES="make gcc libc6-dev libssl-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl"
 
 # What the example clients (examples/python, examples/node) need: Debian's
 # psycopg2 for Debian's python3, and node with npm (any that is on PATH, else

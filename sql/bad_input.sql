@@ -48,7 +48,7 @@ SELECT stmt, pg_temp.error_of(stmt) AS error FROM (VALUES
   ($$SELECT idem_complete('1.1.00000000000000000000000000000000', NULL)$$),
   ($$SELECT idem_complete('1.1.00000000000000000000000000000000', 99)$$),
   ($$SELECT idem_complete('1.1.00000000000000000000000000000000', 600)$$),
-  ($$SELECT idem_complete('1.1.00000000000000000000000000000000', 200, headers => '[]')$$),
+  ($$SELECT idem_complete('1.1.00000000000000000000000000000000', 200, headers => '[1]')$$),
   ($$SELECT idem_complete('1.1.00000000000000000000000000000000', 200, headers => '"x"')$$),
   ($$SELECT idem_complete('1.1.00000000000000000000000000000000', 200, headers => '{"a": 1}')$$),
   ($$SELECT idem_complete('1.1.00000000000000000000000000000000', 200, headers => '{"a": {"b": "c"}}')$$),

@@ -41,14 +41,15 @@ PG_FUNCTION_INFO_V1(idem_resolve);
 
 static void read_token(FunctionCallInfo fcinfo, IdemToken *token);
 static void read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
-						  int headers_arg, int resource_arg,
+						  int headers_arg, int resource_arg, int raw_body_arg,
 						  IdemResponse *response);
 static void finish_attempt(const IdemToken *token, const IdemResponse *response);
 static void raise_stale_token(const IdemToken *token) pg_attribute_noreturn();
 
 /*
- * idem_complete(token, http_status, body, headers, resource_id): the
- * attempt succeeded; its response is stored for replay.
+ * idem_complete(token, http_status, body, headers, resource_id, raw_body):
+ * the attempt succeeded; its response is stored for replay.  (Version 1.0
+ * of the SQL declares no raw_body.)
  */
 Datum
 idem_complete(PG_FUNCTION_ARGS)
@@ -57,14 +58,14 @@ idem_complete(PG_FUNCTION_ARGS)
 	IdemResponse response;
 
 	read_token(fcinfo, &token);
-	read_response(fcinfo, 1, 2, 3, 4, &response);
+	read_response(fcinfo, 1, 2, 3, 4, 5, &response);
 	response.state = IDEM_SUCCEEDED;
 	finish_attempt(&token, &response);
 	PG_RETURN_VOID();
 }
 
 /*
- * idem_fail(token, http_status, body, headers, retryable): the attempt
+ * idem_fail(token, http_status, body, headers, retryable, raw_body): the attempt
  * failed.  A stable failure (validation error, business conflict) is
  * replayed like a success; a retryable one (nothing happened yet) frees the
  * key for a new attempt with the same request.
@@ -76,7 +77,7 @@ idem_fail(PG_FUNCTION_ARGS)
 	IdemResponse response;
 
 	read_token(fcinfo, &token);
-	read_response(fcinfo, 1, 2, 3, -1, &response);
+	read_response(fcinfo, 1, 2, 3, -1, 5, &response);
 	idem_require_arg(fcinfo, 4, "retryable");
 	response.state = PG_GETARG_BOOL(4) ? IDEM_RETRYABLE : IDEM_FAILED;
 	finish_attempt(&token, &response);
@@ -138,7 +139,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_resolve(record_id, state, http_status, body, headers): an operator
+ * idem_resolve(record_id, state, http_status, body, headers, raw_body): an operator
  * who found out what happened settles an unknown record as succeeded,
  * failed or retryable.
  */
@@ -158,7 +159,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	idem_require_arg(fcinfo, 1, "state");
 	id = PG_GETARG_INT64(0);
 	state = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	read_response(fcinfo, 2, 3, 4, -1, &response);
+	read_response(fcinfo, 2, 3, 4, -1, 5, &response);
 	if (strcmp(state, "succeeded") == 0)
 		response.state = IDEM_SUCCEEDED;
 	else if (strcmp(state, "failed") == 0)
@@ -206,20 +207,34 @@ read_token(FunctionCallInfo fcinfo, IdemToken *token)
 }
 
 /*
- * Read and check a response: status required, body any JSON, headers an
- * object of strings, resource id (resource_arg -1: none) any text, all of
- * it together within idempotency.max_response_size.  The size is checked
- * before the values are detoasted.
+ * Read and check a response: status required; a body as JSON or as raw
+ * bytes of any content type (not both); headers an object of strings or a
+ * list of [name, value] pairs; resource id any text; all of it together
+ * within idempotency.max_response_size.  Argument numbers are -1 for what
+ * the function does not take; raw_body_arg is ignored when the SQL
+ * declaration is 1.0's, which has no raw_body.  The size is checked before
+ * the values are detoasted.
  */
 static void
 read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
-			  int headers_arg, int resource_arg, IdemResponse *response)
+			  int headers_arg, int resource_arg, int raw_body_arg,
+			  IdemResponse *response)
 {
+	if (raw_body_arg >= PG_NARGS())
+		raw_body_arg = -1;
 	idem_require_arg(fcinfo, status_arg, "http_status");
 	response->http_status = PG_GETARG_INT32(status_arg);
 	idem_check_http_status(response->http_status);
-	idem_check_response_size(fcinfo, body_arg, headers_arg, resource_arg);
+	if (!PG_ARGISNULL(body_arg) && raw_body_arg >= 0 && !PG_ARGISNULL(raw_body_arg))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a response has either a body or a raw_body, not both"),
+				 errhint("Pass the exact bytes sent to the client as raw_body, or a JSON body as body.")));
+	idem_check_response_size(fcinfo, body_arg, headers_arg, resource_arg,
+							 raw_body_arg);
 	response->body = PG_ARGISNULL(body_arg) ? NULL : PG_GETARG_JSONB_P(body_arg);
+	response->raw_body = raw_body_arg < 0 || PG_ARGISNULL(raw_body_arg) ?
+		NULL : PG_GETARG_BYTEA_PP(raw_body_arg);
 	response->headers = PG_ARGISNULL(headers_arg) ? NULL :
 		PG_GETARG_JSONB_P(headers_arg);
 	if (response->headers)

@@ -65,7 +65,9 @@ PG_FUNCTION_INFO_V1(idem_replay);
 #define WAIT_STEP_MIN_MS 5
 #define WAIT_STEP_MAX_MS 100
 
-#define DECISION_COLUMNS 12
+/* idem_decision's columns: 12 in version 1.0, raw_body added in 1.1 */
+#define DECISION_COLUMNS_1_0 12
+#define DECISION_COLUMNS 13
 
 /* What a claim or a lookup answers: one idem_decision row. */
 typedef struct IdemAnswer
@@ -112,6 +114,7 @@ static int64 interval_arg(FunctionCallInfo fcinfo, int argno, const char *name,
 static void empty_request_fingerprint(uint8 *digest);
 static Datum answer_datum(FunctionCallInfo fcinfo, const IdemAnswer *answer);
 static void answer_store(FunctionCallInfo fcinfo, const IdemAnswer *answer);
+static void check_decision_columns(TupleDesc tupdesc);
 
 /*
  * idem_claim(operation, key, request, tenant, caller, ttl, lease, wait,
@@ -344,6 +347,7 @@ answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
 			answer->has_http_status = rec->has_response_status;
 			answer->http_status = rec->response_status;
 			answer->with_response = true;
+			idem_record_open_response(&answer->rec);
 			break;
 		case IDEM_OUTCOME_IN_PROGRESS:
 			answer->has_http_status = true;
@@ -572,6 +576,11 @@ answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 			values[11] = PointerGetDatum(rec->resource_id);
 			nulls[11] = false;
 		}
+		if (rec->response_raw_body)
+		{
+			values[12] = PointerGetDatum(rec->response_raw_body);
+			nulls[12] = false;
+		}
 	}
 	if (answer->error_code)
 	{
@@ -584,6 +593,20 @@ answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 		nulls[10] = false;
 	}
 	return heap_form_tuple(tupdesc, values, nulls);
+}
+
+/*
+ * The row type is idem_decision as version 1.0 or 1.1 of the SQL declares
+ * it: the library serves both, so that a server keeps answering between
+ * installing a new library and ALTER EXTENSION ... UPDATE.
+ */
+static void
+check_decision_columns(TupleDesc tupdesc)
+{
+	if (tupdesc->natts != DECISION_COLUMNS &&
+		tupdesc->natts != DECISION_COLUMNS_1_0)
+		elog(ERROR, "idem_decision has %d columns, expected %d",
+			 tupdesc->natts, DECISION_COLUMNS);
 }
 
 /*
@@ -603,9 +626,7 @@ answer_datum(FunctionCallInfo fcinfo, const IdemAnswer *answer)
 	if (!OidIsValid(rettype) || !type_is_rowtype(rettype))
 		elog(ERROR, "return type must be a row type");
 	tupdesc = lookup_rowtype_tupdesc(rettype, -1);
-	if (tupdesc->natts != DECISION_COLUMNS)
-		elog(ERROR, "idem_decision has %d columns, expected %d",
-			 tupdesc->natts, DECISION_COLUMNS);
+	check_decision_columns(tupdesc);
 	tuple = answer_tuple(tupdesc, answer);
 	ReleaseTupleDesc(tupdesc);
 	return HeapTupleGetDatum(tuple);
@@ -619,6 +640,7 @@ answer_store(FunctionCallInfo fcinfo, const IdemAnswer *answer)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 
+	check_decision_columns(rsinfo->setDesc);
 	tuplestore_puttuple(rsinfo->setResult,
 						answer_tuple(rsinfo->setDesc, answer));
 }

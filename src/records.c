@@ -48,6 +48,7 @@
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -56,6 +57,7 @@
 #include "idempotency.h"
 #include "record_writer.h"
 #include "records.h"
+#include "response_seal.h"
 
 typedef enum RecordPlan
 {
@@ -100,8 +102,14 @@ typedef enum RecordColumn
 	COL_UPDATED_AT,
 	COL_COMPLETED_AT,
 	COL_EXPIRES_AT,
+	/* version 1.1: InvalidAttrNumber while the table is still 1.0's */
+	COL_RESPONSE_RAW_BODY,
+	COL_RESPONSE_SEALED,
 	NUM_RECORD_COLUMNS
 } RecordColumn;
+
+/* The first of the columns that a table of version 1.0 lacks. */
+#define FIRST_OPTIONAL_COLUMN COL_RESPONSE_RAW_BODY
 
 /* RECORD_COLUMNS, the columns read_record decodes, as RecordColumns. */
 static const RecordColumn record_columns[RECORD_COLUMN_COUNT] = {
@@ -117,10 +125,19 @@ static const RecordColumn record_columns[RECORD_COLUMN_COUNT] = {
 
 static SPIPlanPtr plans[NUM_RECORD_PLANS];
 static uint64 plans_generation = 0;
+static bool plans_exact = false;	/* prepared for a table of 1.1 */
+static uint64 plans_layout_generation = 0;
+static bool plans_layout_exact = false;
 
 static bool fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest);
 static SPIPlanPtr get_plan(RecordPlan which);
-static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat);
+static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat,
+							   bool exact);
+static bool plans_for_exact_responses(void);
+static void require_exact_columns(bool exact, const IdemResponse *response);
+static void set_response(Datum *values, bool *nulls, const AttrNumber *col,
+						 int64 id, const IdemResponse *response);
+static void *optional_column(TupleTableSlot *slot, AttrNumber attnum);
 static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
 static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
@@ -202,6 +219,8 @@ fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
 		for (i = 0; i < RECORD_COLUMN_COUNT; i++)
 			values[i] = slot_getattr(slot, col[record_columns[i]], &nulls[i]);
 		read_record(values, nulls, rec, CurrentMemoryContext);
+		rec->response_raw_body = (bytea *) optional_column(slot, col[COL_RESPONSE_RAW_BODY]);
+		rec->response_sealed = (bytea *) optional_column(slot, col[COL_RESPONSE_SEALED]);
 	}
 	index_endscan(scan);
 
@@ -210,6 +229,20 @@ fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
 	table_close(heap, NoLock);
 	UnregisterSnapshot(snapshot);
 	return found;
+}
+
+/*
+ * Decrypt the response of a record read with idem_record_fetch, if it was
+ * stored encrypted: a replay needs it, other answers do not.
+ */
+void
+idem_record_open_response(IdemRecord *rec)
+{
+	if (rec->response_sealed == NULL)
+		return;
+	idem_open_response(rec->id, rec->response_sealed, &rec->response_headers,
+					   &rec->response_body, &rec->response_raw_body);
+	rec->response_sealed = NULL;
 }
 
 /*
@@ -396,8 +429,7 @@ idem_record_finish(const IdemToken *token, const IdemResponse *response,
 				   ObjectIdGetDatum(cat->state_oids[response->state]));
 		set_column(values, nulls, col[COL_RESPONSE_STATUS],
 				   Int32GetDatum(response->http_status));
-		set_nullable(values, nulls, col[COL_RESPONSE_HEADERS], response->headers);
-		set_nullable(values, nulls, col[COL_RESPONSE_BODY], response->body);
+		set_response(values, nulls, col, token->record_id, response);
 		set_nullable(values, nulls, col[COL_RESOURCE_ID], response->resource_id);
 		set_nullable(values, nulls, col[COL_ATTEMPT_TOKEN], NULL);
 		set_nullable(values, nulls, col[COL_LOCKED_UNTIL], NULL);
@@ -447,20 +479,30 @@ idem_record_resolve(int64 id, text *role, bool any_role,
 					const IdemResponse *response, TimestampTz now)
 {
 	const IdemCatalog *cat = idem_catalog();
-	Datum		values[10];
-	char		nulls[10];
+	Datum		values[12];
+	char		nulls[12];
+	bytea	   *sealed = NULL;
+	bool		exact;
 
 	memset(nulls, ' ', sizeof(nulls));
+	exact = plans_for_exact_responses();
+	require_exact_columns(exact, response);
+	if (exact && idem_sealing_enabled() &&
+		(response->headers || response->body || response->raw_body))
+		sealed = idem_seal_response(id, response->headers, response->body,
+									response->raw_body);
 	values[0] = Int64GetDatum(id);
 	values[1] = ObjectIdGetDatum(cat->state_oids[response->state]);
 	values[2] = Int32GetDatum(response->http_status);
-	values[3] = nullable(response->headers, &nulls[3]);
-	values[4] = nullable(response->body, &nulls[4]);
+	values[3] = nullable(sealed ? NULL : response->headers, &nulls[3]);
+	values[4] = nullable(sealed ? NULL : response->body, &nulls[4]);
 	values[5] = nullable(response->resource_id, &nulls[5]);
 	values[6] = TimestampTzGetDatum(now);
 	values[7] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
 	values[8] = PointerGetDatum(role);
 	values[9] = BoolGetDatum(any_role);
+	values[10] = nullable(sealed ? NULL : response->raw_body, &nulls[10]);
+	values[11] = nullable(sealed, &nulls[11]);
 	if (run_plan_once(PLAN_RESOLVE, values, nulls) == 0)
 		return false;
 	outcome_written();
@@ -475,8 +517,9 @@ static SPIPlanPtr
 get_plan(RecordPlan which)
 {
 	const IdemCatalog *cat = idem_catalog();
+	bool		exact = plans_for_exact_responses();
 
-	if (cat->generation != plans_generation)
+	if (cat->generation != plans_generation || exact != plans_exact)
 	{
 		int			i;
 
@@ -487,19 +530,106 @@ get_plan(RecordPlan which)
 			plans[i] = NULL;
 		}
 		plans_generation = cat->generation;
+		plans_exact = exact;
 	}
 	if (plans[which] == NULL)
-		plans[which] = prepare_plan(which, cat);
+		plans[which] = prepare_plan(which, cat, exact);
 	return plans[which];
+}
+
+/*
+ * Whether the records table has version 1.1's columns for exact responses
+ * (ALTER EXTENSION ... UPDATE adds them to a 1.0 table): the statements
+ * written for it, and the values read and written, depend on it.  Looked
+ * up again whenever the table's relcache entry changes.
+ */
+static bool
+plans_for_exact_responses(void)
+{
+	const IdemCatalog *cat = idem_catalog();
+
+	if (cat->layout_generation != plans_layout_generation)
+	{
+		plans_layout_exact = OidIsValid(cat->table_oid) &&
+			get_attnum(cat->table_oid, "response_sealed") != InvalidAttrNumber;
+		plans_layout_generation = cat->layout_generation;
+	}
+	return plans_layout_exact;
+}
+
+/*
+ * Refuse a raw body, or encryption, that a table of version 1.0 cannot
+ * store, instead of dropping it.
+ */
+static void
+require_exact_columns(bool exact, const IdemResponse *response)
+{
+	if (exact)
+		return;
+	if (response->raw_body != NULL || idem_sealing_enabled())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s needs version 1.1 of extension \"%s\"",
+						response->raw_body != NULL ? "a raw body" :
+						"idempotency.encryption_key",
+						IDEM_EXTENSION_NAME),
+				 errhint("Run ALTER EXTENSION %s UPDATE.", IDEM_EXTENSION_NAME)));
+}
+
+/*
+ * Set the response columns of a row being written: headers, body and raw
+ * body as given, or all three encrypted into response_sealed when
+ * idempotency.encryption_key is set.
+ */
+static void
+set_response(Datum *values, bool *nulls, const AttrNumber *col, int64 id,
+			 const IdemResponse *response)
+{
+	bool		exact = col[COL_RESPONSE_SEALED] != InvalidAttrNumber;
+	bytea	   *sealed = NULL;
+
+	require_exact_columns(exact, response);
+	if (exact && idem_sealing_enabled() &&
+		(response->headers || response->body || response->raw_body))
+		sealed = idem_seal_response(id, response->headers, response->body,
+									response->raw_body);
+	set_nullable(values, nulls, col[COL_RESPONSE_HEADERS],
+				 sealed ? NULL : response->headers);
+	set_nullable(values, nulls, col[COL_RESPONSE_BODY],
+				 sealed ? NULL : response->body);
+	if (exact)
+	{
+		set_nullable(values, nulls, col[COL_RESPONSE_RAW_BODY],
+					 sealed ? NULL : response->raw_body);
+		set_nullable(values, nulls, col[COL_RESPONSE_SEALED], sealed);
+	}
+}
+
+/*
+ * A varlena column of the row in slot, copied, or NULL when it is NULL or
+ * the table has no such column.
+ */
+static void *
+optional_column(TupleTableSlot *slot, AttrNumber attnum)
+{
+	bool		isnull;
+	Datum		value;
+
+	if (attnum == InvalidAttrNumber)
+		return NULL;
+	value = slot_getattr(slot, attnum, &isnull);
+	return isnull ? NULL : copy_out(value, CurrentMemoryContext);
 }
 
 /*
  * Prepare one statement against the current records table and keep it.
  */
 static SPIPlanPtr
-prepare_plan(RecordPlan which, const IdemCatalog *cat)
+prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 {
 	const char *t = cat->qualified_table;
+	const char *clear_exact = exact ?
+		" response_raw_body = NULL, response_sealed = NULL," : "";
 	StringInfoData sql;
 	Oid			types[14];
 	int			nargs;
@@ -524,7 +654,7 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 							 " recovery_point = CASE WHEN $7 THEN NULL ELSE recovery_point END,"
 							 " locked_until = $8, on_lease_expiry = $9, ttl = $10,"
 							 " response_status = NULL, response_headers = NULL,"
-							 " response_body = NULL, resource_id = NULL,"
+							 " response_body = NULL, resource_id = NULL,%s"
 							 " claimed_at = $11, updated_at = $11, completed_at = NULL,"
 							 " expires_at = $12"
 							 " WHERE id" EQ "(SELECT id FROM %s WHERE id" EQ "$1"
@@ -532,7 +662,7 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 							 " AND (NOT $7 OR expires_at" LE "$11)"
 							 " AND (NOT $14 OR locked_until" LE "$11)"
 							 " FOR UPDATE SKIP LOCKED)"
-							 " RETURNING recovery_point", t, t);
+							 " RETURNING recovery_point", t, clear_exact, t);
 			types[0] = INT8OID;
 			types[1] = INT4OID;
 			types[2] = BYTEAOID;
@@ -566,12 +696,13 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 		case PLAN_RESOLVE:
 			appendStringInfo(&sql,
 							 "UPDATE %s SET state = $2, response_status = $3,"
-							 " response_headers = $4, response_body = $5,"
+							 " response_headers = $4, response_body = $5,%s"
 							 " resource_id = coalesce($6, resource_id),"
 							 " completed_at = $7, updated_at = $7,"
 							 " expires_at = $7" PLUS "ttl"
 							 " WHERE id" EQ "$1 AND state" EQ "$8"
-							 " AND (role" EQ "$9 OR $10) RETURNING id", t);
+							 " AND (role" EQ "$9 OR $10) RETURNING id", t,
+							 exact ? " response_raw_body = $11, response_sealed = $12," : "");
 			types[0] = INT8OID;
 			types[1] = cat->state_type;
 			types[2] = INT4OID;
@@ -581,7 +712,8 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 			types[7] = cat->state_type;
 			types[8] = TEXTOID;
 			types[9] = BOOLOID;
-			nargs = 10;
+			types[10] = types[11] = BYTEAOID;
+			nargs = exact ? 12 : 10;
 			break;
 		default:
 			elog(ERROR, "unrecognized record statement %d", (int) which);
@@ -786,14 +918,17 @@ column_attnums(Relation heap)
 			"recovery_point", "locked_until", "on_lease_expiry", "ttl",
 			"response_status", "response_headers", "response_body",
 			"resource_id", "created_at", "claimed_at", "updated_at",
-			"completed_at", "expires_at"
+			"completed_at", "expires_at", "response_raw_body",
+			"response_sealed"
 		};
 		int			i;
 
 		for (i = 0; i < NUM_RECORD_COLUMNS; i++)
 		{
 			attnums[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
-			if (attnums[i] <= 0)
+			if (attnums[i] <= 0 && i >= FIRST_OPTIONAL_COLUMN)
+				attnums[i] = InvalidAttrNumber;
+			else if (attnums[i] <= 0)
 				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
 		}
 		attnums_layout = layout;

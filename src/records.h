@@ -47,6 +47,9 @@ typedef struct IdemRecord
 	int32		response_status;
 	Jsonb	   *response_headers;	/* NULL when none */
 	Jsonb	   *response_body;	/* NULL when none */
+	bytea	   *response_raw_body;	/* NULL when none; may be empty */
+	bytea	   *response_sealed;	/* encrypted headers and bodies, until
+									 * idem_record_open_response */
 	text	   *resource_id;	/* NULL when none */
 	TimestampTz expires_at;
 	/* scope, filled by idem_record_fetch_by_id only */
@@ -72,6 +75,7 @@ typedef struct IdemResponse
 	int32		http_status;
 	Jsonb	   *headers;		/* NULL when none */
 	Jsonb	   *body;			/* NULL when none */
+	bytea	   *raw_body;		/* NULL when none; may be empty */
 	text	   *resource_id;	/* NULL when none */
 } IdemResponse;
 
@@ -89,6 +93,7 @@ typedef struct IdemToken
 
 extern bool idem_record_fetch(const IdemScope *scope, IdemRecord *rec);
 extern bool idem_record_fetch_latest(const IdemScope *scope, IdemRecord *rec);
+extern void idem_record_open_response(IdemRecord *rec);
 extern bool idem_record_fetch_by_id(int64 id, text *role, bool any_role,
 									IdemRecord *rec);
 extern bool idem_record_insert(const IdemScope *scope,

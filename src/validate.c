@@ -21,6 +21,11 @@
 
 static Size stored_size(FunctionCallInfo fcinfo, int argno);
 static char *interval_text(Interval *value);
+static void check_header_name(const JsonbValue *name);
+static void check_header_value(const JsonbValue *name, const JsonbValue *value);
+static bool is_token_char(unsigned char c);
+static void bad_header_value(const JsonbValue *name) pg_attribute_noreturn();
+static void bad_header_pair(const char *fmt,...) pg_attribute_printf(1, 2) pg_attribute_noreturn();
 
 /*
  * Raise unless argument argno (0-based) is given.
@@ -188,7 +193,12 @@ idem_check_http_status(int32 status)
 }
 
 /*
- * Response headers: a JSON object whose values are all strings.
+ * Response headers: a JSON object of strings (1.0's form: one value per
+ * name), or a JSON array of [name, value] pairs of strings, kept in order
+ * and with repeats (two Set-Cookie headers).  Names must be HTTP tokens and
+ * values free of control characters other than tab, so that a replay can
+ * never split a response; hop-by-hop headers describe one connection, not
+ * the response, and are refused.
  */
 void
 idem_check_headers(Jsonb *headers)
@@ -196,15 +206,16 @@ idem_check_headers(Jsonb *headers)
 	JsonbIterator *it;
 	JsonbValue	v;
 	JsonbIteratorToken tok;
+	bool		pairs = JB_ROOT_IS_ARRAY(headers) && !JB_ROOT_IS_SCALAR(headers);
 	int			level = 0;
-	char	   *name = NULL;
+	int			in_pair = 0;
+	JsonbValue	name = {0};
 
-	if (!JB_ROOT_IS_OBJECT(headers))
+	if (!JB_ROOT_IS_OBJECT(headers) && !pairs)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("headers must be a JSON object of strings"),
-				 errdetail("The value given is a JSON %s.",
-						   JB_ROOT_IS_SCALAR(headers) ? "scalar" : "array")));
+				 errmsg("headers must be a JSON object of strings or an array of [name, value] pairs"),
+				 errdetail("The value given is a JSON scalar.")));
 
 	it = JsonbIteratorInit(&headers->root);
 	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
@@ -213,26 +224,141 @@ idem_check_headers(Jsonb *headers)
 		{
 			case WJB_BEGIN_OBJECT:
 			case WJB_BEGIN_ARRAY:
-				if (++level > 1)
-					ereport(ERROR,
-							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-							 errmsg("headers must be a JSON object of strings"),
-							 errdetail("Header \"%s\" is not a string.", idem_clip(name, 64))));
+				level++;
+				if (pairs && level == 2)
+				{
+					if (tok != WJB_BEGIN_ARRAY)
+						bad_header_pair("An element is an object.");
+					in_pair = 0;
+				}
+				else if (level > 1)
+					bad_header_value(&name);
+				break;
+			case WJB_END_OBJECT:
+			case WJB_END_ARRAY:
+				if (pairs && level == 2 && in_pair != 2)
+					bad_header_pair("A pair holds %d strings; it must hold a name and a value.",
+									in_pair);
+				level--;
 				break;
 			case WJB_KEY:
-				name = pnstrdup(v.val.string.val, v.val.string.len);
+				name = v;
+				check_header_name(&name);
 				break;
 			case WJB_VALUE:
 				if (v.type != jbvString)
-					ereport(ERROR,
-							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-							 errmsg("headers must be a JSON object of strings"),
-							 errdetail("Header \"%s\" is not a string.", idem_clip(name, 64))));
+					bad_header_value(&name);
+				check_header_value(&name, &v);
+				break;
+			case WJB_ELEM:
+				if (level == 1)
+					bad_header_pair("An element is a JSON %s.",
+									v.type == jbvString ? "string" : "scalar");
+				if (v.type != jbvString)
+					bad_header_pair("A pair holds a JSON value that is not a string.");
+				if (++in_pair == 1)
+				{
+					name = v;
+					check_header_name(&name);
+				}
+				else if (in_pair == 2)
+					check_header_value(&name, &v);
 				break;
 			default:
 				break;
 		}
 	}
+}
+
+/*
+ * A header name: an HTTP token (RFC 9110), not a hop-by-hop header.
+ */
+static void
+check_header_name(const JsonbValue *name)
+{
+	static const char *const hop_by_hop[] = {
+		"connection", "keep-alive", "proxy-connection", "te", "trailer",
+		"transfer-encoding", "upgrade"
+	};
+	const char *s = name->val.string.val;
+	int			len = name->val.string.len;
+	int			i;
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a header name must not be empty")));
+	for (i = 0; i < len; i++)
+		if (!is_token_char((unsigned char) s[i]))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("header name \"%s\" is not an HTTP token",
+							idem_clip(pnstrdup(s, len), 64)),
+					 errdetail("Byte %d is 0x%02x; a name is letters, digits and !#$%%&'*+-.^_`|~.",
+							   i + 1, (unsigned char) s[i])));
+	for (i = 0; i < lengthof(hop_by_hop); i++)
+		if (len == (int) strlen(hop_by_hop[i]) &&
+			pg_strncasecmp(s, hop_by_hop[i], len) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("header \"%s\" is hop-by-hop and cannot be stored",
+							pnstrdup(s, len)),
+					 errdetail("Connection, Keep-Alive, Proxy-Connection, TE, Trailer, Transfer-Encoding and Upgrade describe one connection, not the response."),
+					 errhint("Store the end-to-end headers of the response only.")));
+}
+
+/*
+ * A header value: no control characters but tab.
+ */
+static void
+check_header_value(const JsonbValue *name, const JsonbValue *value)
+{
+	const unsigned char *s = (const unsigned char *) value->val.string.val;
+	int			i;
+
+	for (i = 0; i < value->val.string.len; i++)
+		if ((s[i] < 0x20 && s[i] != '\t') || s[i] == 0x7f)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("value of header \"%s\" contains a control character",
+							idem_clip(pnstrdup(name->val.string.val,
+											   name->val.string.len), 64)),
+					 errdetail("Byte %d is 0x%02x; a stored header could split the replayed response.",
+							   i + 1, s[i])));
+}
+
+static bool
+is_token_char(unsigned char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+		(c >= 'A' && c <= 'Z') || strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static void
+bad_header_value(const JsonbValue *name)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("headers must be a JSON object of strings or an array of [name, value] pairs"),
+			 errdetail("Header \"%s\" is not a string.",
+					   name->type == jbvString ?
+					   idem_clip(pnstrdup(name->val.string.val,
+										  name->val.string.len), 64) : "")));
+}
+
+static void
+bad_header_pair(const char *fmt,...)
+{
+	va_list		args;
+	char		detail[128];
+
+	va_start(args, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, args);
+	va_end(args);
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("headers must be a JSON object of strings or an array of [name, value] pairs"),
+			 errdetail_internal("%s", detail)));
 }
 
 /*
@@ -255,24 +381,25 @@ idem_parse_policy(text *policy)
 }
 
 /*
- * A response to store: its body, headers and resource id (argument numbers;
- * -1 for one the function does not take) together within
+ * A response to store: its body, raw body, headers and resource id (argument
+ * numbers; -1 for one the function does not take) together within
  * idempotency.max_response_size bytes.  Sizes are read from the values'
  * headers, before anything is detoasted.
  */
 void
 idem_check_response_size(FunctionCallInfo fcinfo, int body_arg,
-						 int headers_arg, int resource_arg)
+						 int headers_arg, int resource_arg, int raw_body_arg)
 {
 	Size		size = stored_size(fcinfo, body_arg) +
 		stored_size(fcinfo, headers_arg) +
-		stored_size(fcinfo, resource_arg);
+		stored_size(fcinfo, resource_arg) +
+		stored_size(fcinfo, raw_body_arg);
 
 	if (size > (Size) idem_max_response_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("response is too large to store"),
-				 errdetail("Its body, headers and resource id take %zu bytes; idempotency.max_response_size is %d bytes.",
+				 errdetail("Its body, raw body, headers and resource id take %zu bytes; idempotency.max_response_size is %d bytes.",
 						   size, idem_max_response_size),
 				 errhint("Store the id of the resource the command created and a small body, not the whole document; or raise idempotency.max_response_size.")));
 }

@@ -30,7 +30,8 @@ extern void idem_check_http_status(int32 status);
 extern void idem_check_headers(Jsonb *headers);
 extern IdemLeasePolicy idem_parse_policy(text *policy);
 extern void idem_check_response_size(FunctionCallInfo fcinfo, int body_arg,
-									 int headers_arg, int resource_arg);
+									 int headers_arg, int resource_arg,
+									 int raw_body_arg);
 extern void idem_check_stored_size(Datum value, const char *what);
 
 #endif							/* IDEM_VALIDATE_H */
