@@ -43,10 +43,27 @@ CREATE FUNCTION pg_temp.records_digest() RETURNS text LANGUAGE sql AS $$
 $$;
 SELECT pg_temp.records_digest() AS digest_1_0 \gset
 
+-- The application's grants, as the 1.0 README told users to make them.
+CREATE ROLE regress_upgrade_app;
+GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
+   TO regress_upgrade_app;
+
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 
 SELECT pg_temp.records_digest() = :'digest_1_0' AS every_record_kept;
+
+-- The functions that gained raw_body keep those grants, as grants of the
+-- user's (not in pg_init_privs), so that pg_dump still dumps them.
+SELECT p.oid::regprocedure AS function,
+       has_function_privilege('regress_upgrade_app', p.oid, 'EXECUTE') AS app_may_execute,
+       i.initprivs::text NOT LIKE '%regress_upgrade_app%' AS grant_is_the_users
+  FROM pg_proc p JOIN pg_init_privs i ON i.objoid = p.oid AND i.classoid = 'pg_proc'::regclass
+ WHERE p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_resolve')
+ ORDER BY 1::text;
+REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
+  FROM regress_upgrade_app;
+DROP ROLE regress_upgrade_app;
 
 -- The records answer as before.
 SELECT key, outcome, state, attempt, http_status, headers, body, resource_id, error_code
