@@ -28,6 +28,13 @@ SELECT idem_checkpoint(:'processing_token', 'step-2');
 SELECT token IS NOT NULL AS claimed FROM idem_claim('op', 'unknown', '{"n": 5}', lease => '1 microsecond');
 SELECT outcome FROM idem_claim('op', 'unknown', '{"n": 5}');
 
+-- Encryption needs 1.1's columns: under 1.0 a completion refuses clearly
+-- instead of storing the response in plaintext.
+SET idempotency.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
+SELECT token AS sealed_token FROM idem_claim('op', 'needs-1.1', lease => '1h') \gset
+SELECT idem_complete(:'sealed_token', 200, '{"secret": 1}');
+RESET idempotency.encryption_key;
+
 SELECT key, state, attempt FROM idem_records ORDER BY key;
 
 -- Every column of every record, as 1.0 stored it.
