@@ -60,7 +60,7 @@
 /* What is compiled once per backend for the records table. */
 typedef struct WriterCache
 {
-	MemoryContext context;
+	MemoryContext context;		/* holds all of it; NULL when there is none */
 	Oid			relid;
 	Oid			id_sequence;	/* of the identity column */
 	int			ncheck;
@@ -70,13 +70,26 @@ typedef struct WriterCache
 	ExprState **predicate;
 } WriterCache;
 
+/*
+ * The cache in use.  It is replaced only by a complete build (build_cache
+ * works on a struct of its own), so an error or a cancel during a rebuild
+ * leaves the previous one, marked invalid, never half of a new one.
+ */
 static WriterCache cache;
 static bool cache_valid = false;
 static bool cache_in_use = false;
 static bool callback_registered = false;
 
+/*
+ * Invalidations seen, counted so that a build can tell whether one arrived
+ * while it ran (catalog lookups take locks and so process them): such a
+ * build is used for the write that made it, but not kept as valid.
+ */
+static uint64 invalidation_count = 0;
+static Oid	building_relid = InvalidOid;
+
 static void use_compiled_expressions(IdemRecordWriter *w);
-static void build_cache(IdemRecordWriter *w);
+static void build_cache(IdemRecordWriter *w, WriterCache *fresh);
 static void retire_cache(void);
 static void invalidate_cache(Datum arg, Oid relid);
 static void invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue);
@@ -338,8 +351,13 @@ use_compiled_expressions(IdemRecordWriter *w)
 	if (!cache_valid || cache.relid != RelationGetRelid(w->rel) ||
 		cache.ncheck != ncheck)
 	{
+		WriterCache fresh;
+		uint64		invalidations = invalidation_count;
+
+		build_cache(w, &fresh);
 		retire_cache();
-		build_cache(w);
+		cache = fresh;
+		cache_valid = invalidation_count == invalidations;
 	}
 	cache_in_use = true;
 
@@ -360,11 +378,14 @@ use_compiled_expressions(IdemRecordWriter *w)
 
 /*
  * Compile the table's CHECK constraints and its indexes' predicates, as
- * ExecRelCheck and ExecInsertIndexTuples would, into a context of their own
- * that lives until the table changes.
+ * ExecRelCheck and ExecInsertIndexTuples would, into *fresh and a memory
+ * context of its own.  The context hangs below the current one until the
+ * build is complete, so that an error half-way frees it with the rest of
+ * the statement; then it moves to CacheMemoryContext and lives until the
+ * table changes (the way partdesc.c builds a partition descriptor).
  */
 static void
-build_cache(IdemRecordWriter *w)
+build_cache(IdemRecordWriter *w, WriterCache *fresh)
 {
 	TupleDesc	desc = RelationGetDescr(w->rel);
 	MemoryContext oldcontext;
@@ -387,43 +408,37 @@ build_cache(IdemRecordWriter *w)
 	if (identity == InvalidAttrNumber)
 		elog(ERROR, "idem_records has no identity column");
 
-	cache.context = AllocSetContextCreate(CacheMemoryContext,
-										  "idempotency compiled constraints",
-										  ALLOCSET_SMALL_SIZES);
-	oldcontext = MemoryContextSwitchTo(cache.context);
+	memset(fresh, 0, sizeof(*fresh));
+	fresh->relid = RelationGetRelid(w->rel);
+	building_relid = fresh->relid;
+	fresh->context = AllocSetContextCreate(CurrentMemoryContext,
+										   "idempotency compiled constraints",
+										   ALLOCSET_SMALL_SIZES);
+	oldcontext = MemoryContextSwitchTo(fresh->context);
 
-	/*
-	 * Valid from now on, unless an invalidation arrives while it is built
-	 * (catalog lookups below may take locks and so process them): then this
-	 * write still uses it, and the next one builds it again.
-	 */
-	cache_valid = true;
-
-	cache.relid = RelationGetRelid(w->rel);
-	cache.id_sequence = getIdentitySequence(cache.relid, identity, false);
+	fresh->id_sequence = getIdentitySequence(fresh->relid, identity, false);
 
 	/*
 	 * The constraints are handed over all or none: one that keeps state in
 	 * a statement's memory (see needs_query_memory) makes the executor
 	 * compile them all for every write, as for a statement.
 	 */
-	cache.ncheck = desc->constr != NULL ? desc->constr->num_check : 0;
-	cache.checks = palloc0(Max(cache.ncheck, 1) * sizeof(ExprState *));
-	for (i = 0; i < cache.ncheck; i++)
+	fresh->ncheck = desc->constr != NULL ? desc->constr->num_check : 0;
+	fresh->checks = palloc0(Max(fresh->ncheck, 1) * sizeof(ExprState *));
+	for (i = 0; i < fresh->ncheck; i++)
 	{
 		Expr	   *check = expression_planner(stringToNode(desc->constr->check[i].ccbin));
 
 		if (needs_query_memory((Node *) check, NULL))
 		{
-			cache.checks = NULL;
+			fresh->checks = NULL;
 			break;
 		}
-		cache.checks[i] = ExecInitExpr(check, NULL);
+		fresh->checks[i] = ExecInitExpr(check, NULL);
 	}
 
-	cache.npredicates = 0;
-	cache.predicate_index = palloc0(Max(w->rri->ri_NumIndices, 1) * sizeof(Oid));
-	cache.predicate = palloc0(Max(w->rri->ri_NumIndices, 1) * sizeof(ExprState *));
+	fresh->predicate_index = palloc0(Max(w->rri->ri_NumIndices, 1) * sizeof(Oid));
+	fresh->predicate = palloc0(Max(w->rri->ri_NumIndices, 1) * sizeof(ExprState *));
 	for (i = 0; i < w->rri->ri_NumIndices; i++)
 	{
 		List	   *predicate = w->rri->ri_IndexRelationInfo[i]->ii_Predicate;
@@ -433,13 +448,14 @@ build_cache(IdemRecordWriter *w)
 		predicate = (List *) expression_planner((Expr *) copyObject(predicate));
 		if (needs_query_memory((Node *) predicate, NULL))
 			continue;
-		cache.predicate_index[cache.npredicates] =
+		fresh->predicate_index[fresh->npredicates] =
 			RelationGetRelid(w->rri->ri_IndexRelationDescs[i]);
-		cache.predicate[cache.npredicates] = ExecInitQual(predicate, NULL);
-		cache.npredicates++;
+		fresh->predicate[fresh->npredicates] = ExecInitQual(predicate, NULL);
+		fresh->npredicates++;
 	}
 
 	MemoryContextSwitchTo(oldcontext);
+	MemoryContextSetParent(fresh->context, CacheMemoryContext);
 }
 
 /*
@@ -451,22 +467,32 @@ retire_cache(void)
 {
 	if (cache.context != NULL)
 		MemoryContextSetParent(cache.context, TopTransactionContext);
-	cache.context = NULL;
+	memset(&cache, 0, sizeof(cache));
 	cache_valid = false;
 	cache_in_use = false;
 }
 
+/*
+ * Relcache callback: the table (or every relation) changed.
+ */
 static void
 invalidate_cache(Datum arg, Oid relid)
 {
-	if (!OidIsValid(relid) || relid == cache.relid)
+	if (!OidIsValid(relid) || relid == cache.relid || relid == building_relid)
+	{
 		cache_valid = false;
+		invalidation_count++;
+	}
 }
 
+/*
+ * Syscache callback: a function or a type changed.
+ */
 static void
 invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue)
 {
 	cache_valid = false;
+	invalidation_count++;
 }
 
 /*

@@ -711,14 +711,17 @@ column_attnums(Relation heap)
 			"resource_id", "created_at", "claimed_at", "updated_at",
 			"completed_at", "expires_at"
 		};
+		AttrNumber	found[NUM_RECORD_COLUMNS];
 		int			i;
 
+		/* all found, or the old numbers stay (and are looked for again) */
 		for (i = 0; i < NUM_RECORD_COLUMNS; i++)
 		{
-			attnums[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
-			if (attnums[i] <= 0)
+			found[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
+			if (found[i] <= 0)
 				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
 		}
+		memcpy(attnums, found, sizeof(attnums));
 		attnums_layout = layout;
 	}
 	return attnums;
