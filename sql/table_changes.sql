@@ -117,3 +117,31 @@ ALTER TABLE idem_records DROP CONSTRAINT tc_z_no_451;
 DROP FUNCTION tc_fold_ok(text);
 
 DELETE FROM idem_records WHERE operation = 'tc.op';
+
+-- The extension's schema renamed while a session keeps statements naming
+-- it: they are prepared again under the new name.  The table renamed: a
+-- clear error until it gets its name back.  (In a database of its own.)
+\set regress_db :DBNAME
+CREATE DATABASE regress_idem_rename;
+\c regress_idem_rename
+CREATE SCHEMA idem;
+CREATE EXTENSION idempotency SCHEMA idem;
+SET search_path = idem;
+SET idempotency.default_lease = '1h';
+SELECT token FROM idem_claim('rn.op', 'rn-1', '{}', on_lease_expiry => 'retry') \gset
+SELECT idem_fail(:'token', 503, retryable => true);
+SELECT outcome, attempt, token AS token FROM idem_claim('rn.op', 'rn-1', '{}') \gset
+SELECT idem_fail(:'token', 503, retryable => true);
+ALTER SCHEMA idem RENAME TO idem_renamed;
+SET search_path = idem_renamed;
+SELECT outcome, attempt FROM idem_claim('rn.op', 'rn-1', '{}');
+BEGIN;
+ALTER TABLE idem_records RENAME TO idem_records_old;
+\set VERBOSITY default
+SELECT outcome FROM idem_claim('rn.op', 'rn-2', '{}');
+\set VERBOSITY terse
+ROLLBACK;
+SELECT outcome FROM idem_claim('rn.op', 'rn-2', '{}');
+SELECT key, state, attempt FROM idem_renamed.idem_records ORDER BY key;
+\c :regress_db
+DROP DATABASE regress_idem_rename;
