@@ -716,11 +716,7 @@ column_attnums(Relation heap)
 
 		/* all found, or the old numbers stay (and are looked for again) */
 		for (i = 0; i < NUM_RECORD_COLUMNS; i++)
-		{
-			found[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
-			if (found[i] <= 0)
-				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
-		}
+			found[i] = idem_column_number(RelationGetDescr(heap), names[i]);
 		memcpy(attnums, found, sizeof(attnums));
 		attnums_layout = layout;
 	}
