@@ -259,6 +259,58 @@ SELECT key, state FROM idem.idem_records;
 \c :regress_db
 DROP DATABASE regress_idem_schema;
 
+-- 9. The functions' own statements run as the table's owner the way
+-- foreign key checks do: a deferred constraint added by the owner is
+-- checked at commit, and row level security, even forced on the owner,
+-- applies to none of them (role isolation is the functions' own).
+CREATE TABLE regress_tenants (tenant text COLLATE "C" PRIMARY KEY);
+INSERT INTO regress_tenants VALUES (''), ('t1');
+ALTER TABLE idem_records ADD CONSTRAINT regress_tenant_fk FOREIGN KEY (tenant)
+  REFERENCES regress_tenants DEFERRABLE INITIALLY DEFERRED NOT VALID;
+SET ROLE regress_idem_app;
+BEGIN;
+SELECT (c).token AS fk_token
+  FROM idem_claim('payments.create', 'sec-fk-1', tenant => 't1') c \gset
+SELECT idem_complete(:'fk_token', 201);
+COMMIT;
+BEGIN;
+SELECT outcome FROM idem_claim('payments.create', 'sec-fk-2', tenant => 'no-such-tenant');
+\set VERBOSITY terse
+COMMIT;
+\set VERBOSITY default
+SELECT count(*) AS fk_2_kept FROM idem_replay('payments.create', 'sec-fk-2', tenant => 'no-such-tenant');
+RESET ROLE;
+ALTER TABLE idem_records DROP CONSTRAINT regress_tenant_fk;
+DROP TABLE regress_tenants;
+
+-- (The owner is a role without BYPASSRLS for this part: superusers bypass
+-- row level security whatever the table says.)
+CREATE ROLE regress_idem_owner;
+ALTER TABLE idem_records OWNER TO regress_idem_owner;
+ALTER TABLE idem_records ENABLE ROW LEVEL SECURITY;
+ALTER TABLE idem_records FORCE ROW LEVEL SECURITY;
+CREATE POLICY regress_none ON idem_records USING (false) WITH CHECK (false);
+SET ROLE regress_idem_app;
+SELECT (c).token AS rls_token
+  FROM idem_claim('payments.create', 'sec-rls', on_lease_expiry => 'retry') c \gset
+SELECT idem_fail(:'rls_token', 503, retryable => true);
+SELECT outcome, attempt FROM idem_claim('payments.create', 'sec-rls');
+SELECT (c).record_id AS rls_unknown
+  FROM idem_claim('payments.create', 'sec-rls-2', lease => '1 microsecond') c \gset
+SELECT pg_sleep(0.01);
+SELECT outcome FROM idem_claim('payments.create', 'sec-rls-2');
+SELECT idem_resolve(:rls_unknown, 'succeeded', 200);
+SELECT outcome, http_status FROM idem_replay('payments.create', 'sec-rls-2');
+SET ROLE regress_idem_owner;
+SELECT count(*) AS owner_sees_under_policy FROM idem_records;
+RESET ROLE;
+DROP POLICY regress_none ON idem_records;
+ALTER TABLE idem_records NO FORCE ROW LEVEL SECURITY;
+ALTER TABLE idem_records DISABLE ROW LEVEL SECURITY;
+ALTER TABLE idem_records OWNER TO CURRENT_USER;
+DROP ROLE regress_idem_owner;
+SELECT key, state, attempt FROM idem_records WHERE key LIKE 'sec-rls%' ORDER BY key;
+
 -- Clean up: the roles, their grants and their records.
 REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_heartbeat,
                            idem_checkpoint, idem_replay, idem_resolve
