@@ -311,6 +311,45 @@ ALTER TABLE idem_records OWNER TO CURRENT_USER;
 DROP ROLE regress_idem_owner;
 SELECT key, state, attempt FROM idem_records WHERE key LIKE 'sec-rls%' ORDER BY key;
 
+-- 10. A constraint error raised by a record write (not-null, check,
+-- unique, foreign key) shows no values of the row: PostgreSQL's DETAIL
+-- would print the key, the scope and the attempt token's secret.
+ALTER TABLE idem_records ADD COLUMN regress_required text NOT NULL DEFAULT 'x';
+ALTER TABLE idem_records ALTER COLUMN regress_required DROP DEFAULT;
+SET ROLE regress_idem_app;
+SELECT regress_error_of($$SELECT idem_claim('payments.create', 'sec-secret-1')$$) AS not_null;
+RESET ROLE;
+ALTER TABLE idem_records DROP COLUMN regress_required;
+ALTER TABLE idem_records ADD CONSTRAINT regress_no_secret CHECK (key <> 'sec-secret-2');
+ALTER TABLE idem_records ADD CONSTRAINT regress_two_attempts CHECK (attempt <= 2);
+CREATE UNIQUE INDEX regress_key_once ON idem_records (key) WHERE key = 'sec-secret-3';
+CREATE TABLE regress_tenants (tenant text COLLATE "C" PRIMARY KEY);
+ALTER TABLE idem_records ADD CONSTRAINT regress_tenant_fk FOREIGN KEY (tenant)
+  REFERENCES regress_tenants NOT VALID;
+INSERT INTO regress_tenants VALUES ('');
+SET ROLE regress_idem_other;
+SELECT outcome FROM idem_claim('payments.create', 'sec-secret-3');
+RESET ROLE;
+SET ROLE regress_idem_app;
+SELECT (c).token AS secret_token
+  FROM idem_claim('payments.create', 'sec-secret-4', on_lease_expiry => 'retry') c \gset
+SELECT idem_fail(:'secret_token', 503, retryable => true);
+SELECT (c).token AS secret_token
+  FROM idem_claim('payments.create', 'sec-secret-4', on_lease_expiry => 'retry') c \gset
+SELECT idem_fail(:'secret_token', 503, retryable => true);
+SELECT call, regress_error_of(stmt) AS error FROM (VALUES
+  ('check', $$SELECT idem_claim('payments.create', 'sec-secret-2')$$),
+  ('unique', $$SELECT idem_claim('payments.create', 'sec-secret-3')$$),
+  ('foreign key', $$SELECT idem_claim('payments.create', 'sec-secret-5', tenant => 'nope')$$),
+  ('check, new attempt', $$SELECT idem_claim('payments.create', 'sec-secret-4')$$)
+) AS t(call, stmt);
+RESET ROLE;
+ALTER TABLE idem_records DROP CONSTRAINT regress_tenant_fk;
+DROP TABLE regress_tenants;
+DROP INDEX regress_key_once;
+ALTER TABLE idem_records DROP CONSTRAINT regress_two_attempts;
+ALTER TABLE idem_records DROP CONSTRAINT regress_no_secret;
+
 -- Clean up: the roles, their grants and their records.
 REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_heartbeat,
                            idem_checkpoint, idem_replay, idem_resolve

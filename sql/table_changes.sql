@@ -102,6 +102,51 @@ SELECT outcome FROM idem_claim('tc.op', 'tc-guard', '{}');
 UPDATE idem_records SET created_at = '2000-01-01 00:00:00+00' WHERE key = 'tc-guard';
 ROLLBACK;
 
+-- A claim fills in the defaults of the columns it does not write, as an
+-- INSERT that does not name them would: a constant, and a sequence.
+BEGIN;
+ALTER TABLE idem_records ADD COLUMN tc_source text NOT NULL DEFAULT 'api';
+ALTER TABLE idem_records ADD COLUMN tc_n serial;
+SELECT outcome FROM idem_claim('tc.op', 'tc-default-1', '{}');
+SELECT outcome FROM idem_claim('tc.op', 'tc-default-2', '{}');
+SELECT key, tc_source FROM idem_records WHERE key LIKE 'tc-default-%' ORDER BY key;
+SELECT max(tc_n) - min(tc_n) AS numbered_in_turn
+  FROM idem_records WHERE key LIKE 'tc-default-%';
+ROLLBACK;
+
+-- Statement triggers fire once around each write, as around an INSERT or
+-- UPDATE of one row.
+CREATE TABLE tc_stmt_log (n serial, what text);
+CREATE FUNCTION tc_log_stmt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO tc_stmt_log (what) VALUES (TG_NAME || ' ' || TG_OP);
+  RETURN NULL;
+END $$;
+CREATE TRIGGER tc_bs BEFORE INSERT OR UPDATE ON idem_records
+  FOR EACH STATEMENT EXECUTE FUNCTION tc_log_stmt();
+CREATE TRIGGER tc_as AFTER INSERT OR UPDATE ON idem_records
+  FOR EACH STATEMENT EXECUTE FUNCTION tc_log_stmt();
+CREATE TRIGGER tc_as_status AFTER UPDATE OF response_status ON idem_records
+  FOR EACH STATEMENT EXECUTE FUNCTION tc_log_stmt();
+SELECT token FROM idem_claim('tc.op', 'tc-stmt', '{}') \gset
+SELECT idem_heartbeat(:'token') IS NOT NULL AS extended;
+SELECT idem_complete(:'token', 201);
+SELECT what FROM tc_stmt_log ORDER BY n;
+DROP TRIGGER tc_bs ON idem_records;
+DROP TRIGGER tc_as ON idem_records;
+DROP TRIGGER tc_as_status ON idem_records;
+
+-- Triggers with transition tables are not supported on the writes that
+-- would fill them: such a write is refused, and writes nothing.
+CREATE TRIGGER tc_new_rows AFTER INSERT ON idem_records
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION tc_log_stmt();
+SELECT outcome FROM idem_claim('tc.op', 'tc-transition', '{}');
+SELECT count(*) AS written FROM idem_records WHERE key = 'tc-transition';
+DROP TRIGGER tc_new_rows ON idem_records;
+DROP FUNCTION tc_log_stmt();
+DROP TABLE tc_stmt_log;
+
 -- A rebuild of the compiled constraints that fails half-way (here a CHECK
 -- whose IMMUTABLE function raises while the planner folds it) leaves nothing
 -- half-built behind: the next claim builds them again, and every CHECK

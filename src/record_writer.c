@@ -20,6 +20,17 @@
  * compiled for each write instead.  An entry dropped while a write may still be
  * using it is freed at the end of the transaction, not at once.
  *
+ * A write behaves like an INSERT or UPDATE of one row by the table's owner:
+ * idem_writer_start fires the BEFORE STATEMENT triggers and idem_writer_end
+ * the AFTER STATEMENT ones; a new row gets the defaults of the columns the
+ * caller leaves NULL (compiled once, like the constraints), as an INSERT
+ * that does not name them would; an UPDATE counts the columns the caller
+ * says it sets as the ones updated, for UPDATE OF triggers.  Triggers with
+ * transition tables are refused (a write cannot fill them), and so is any
+ * write they would see.  A constraint error raised by a write loses its
+ * DETAIL, which PostgreSQL fills with the row's values: the key, the scope,
+ * the attempt token's secret.
+ *
  * A row to update is found through the primary key with a fresh snapshot
  * and locked the way UPDATE locks it: waiting (or skipping, for claims),
  * and under READ COMMITTED following the row to its newest version, which
@@ -40,13 +51,14 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"
+#include "catalog/pg_trigger.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
-#include "utils/datum.h"
+#include "rewrite/rewriteHandler.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
@@ -68,6 +80,10 @@ typedef struct WriterCache
 	int			npredicates;
 	Oid		   *predicate_index;
 	ExprState **predicate;
+	int			ndefaults;
+	AttrNumber *default_attnum;
+	Expr	  **default_expr;
+	ExprState **default_state;	/* NULL: compiled for each write */
 } WriterCache;
 
 /*
@@ -94,6 +110,8 @@ static void retire_cache(void);
 static void invalidate_cache(Datum arg, Oid relid);
 static void invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue);
 static bool needs_query_memory(Node *node, void *context);
+static void refuse_transition_tables(IdemRecordWriter *w);
+static void fill_defaults(IdemRecordWriter *w);
 static Relation opened_index(IdemRecordWriter *w, Oid index_oid);
 
 /*
@@ -133,9 +151,37 @@ idem_writer_begin(IdemRecordWriter *w)
 	w->new_slot = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel),
 										 &TTSOpsVirtual);
 	use_compiled_expressions(w);
+	/* a write from a trigger of this one may replace the cache meanwhile */
+	w->compiled = memcpy(palloc(sizeof(WriterCache)), &cache, sizeof(WriterCache));
 	MemoryContextSwitchTo(oldcontext);
 
 	AfterTriggerBeginQuery();
+}
+
+/*
+ * Start the statement the write stands for: an INSERT, or an UPDATE that
+ * sets the given columns (what UPDATE OF triggers and the row lock look
+ * at), and fire its BEFORE STATEMENT triggers.
+ */
+void
+idem_writer_start(IdemRecordWriter *w, CmdType operation,
+				  const AttrNumber *set_columns, int ncolumns)
+{
+	MemoryContext oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	int			i;
+
+	w->operation = operation;
+	refuse_transition_tables(w);
+	w->rte->updatedCols = NULL;
+	for (i = 0; i < ncolumns; i++)
+		w->rte->updatedCols =
+			bms_add_member(w->rte->updatedCols,
+						   set_columns[i] - FirstLowInvalidHeapAttributeNumber);
+	if (operation == CMD_INSERT)
+		ExecBSInsertTriggers(w->estate, w->rri);
+	else
+		ExecBSUpdateTriggers(w->estate, w->rri);
+	MemoryContextSwitchTo(oldcontext);
 }
 
 /*
@@ -145,7 +191,22 @@ idem_writer_begin(IdemRecordWriter *w)
 void
 idem_writer_end(IdemRecordWriter *w)
 {
-	AfterTriggerEndQuery(w->estate);
+	MemoryContext caller = CurrentMemoryContext;
+
+	if (w->operation == CMD_INSERT)
+		ExecASInsertTriggers(w->estate, w->rri, NULL);
+	else if (w->operation == CMD_UPDATE)
+		ExecASUpdateTriggers(w->estate, w->rri, NULL);
+	/* the foreign keys and deferrable unique keys checked at once */
+	PG_TRY();
+	{
+		AfterTriggerEndQuery(w->estate);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_without_values(caller);
+	}
+	PG_END_TRY();
 	/* our indexes, and anything AFTER triggers opened */
 	ExecCloseResultRelations(w->estate);
 	ExecResetTupleTable(w->estate->es_tupleTable, false);
@@ -184,7 +245,7 @@ idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid, ScanKey keys,
 int64
 idem_writer_next_id(IdemRecordWriter *w)
 {
-	return nextval_internal(cache.id_sequence, false);
+	return nextval_internal(w->compiled->id_sequence, false);
 }
 
 /*
@@ -212,17 +273,29 @@ idem_writer_new_row(IdemRecordWriter *w, bool **nulls, bool from_old)
 }
 
 /*
- * Insert the row idem_writer_new_row started.  A key that is already taken
- * raises unique_violation, as an INSERT would.
+ * Insert the row idem_writer_new_row started; the columns left NULL get
+ * their defaults.  A key that is already taken raises unique_violation, as
+ * an INSERT would.
  */
 void
 idem_writer_insert(IdemRecordWriter *w)
 {
-	MemoryContext oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	MemoryContext caller = CurrentMemoryContext;
 
-	ExecStoreVirtualTuple(w->new_slot);
-	ExecSimpleRelationInsert(w->rri, w->estate, w->new_slot);
-	MemoryContextSwitchTo(oldcontext);
+	Assert(w->operation == CMD_INSERT);
+	MemoryContextSwitchTo(w->estate->es_query_cxt);
+	PG_TRY();
+	{
+		fill_defaults(w);
+		ExecStoreVirtualTuple(w->new_slot);
+		ExecSimpleRelationInsert(w->rri, w->estate, w->new_slot);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_without_values(caller);
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(caller);
 }
 
 /*
@@ -297,37 +370,50 @@ idem_writer_lock(IdemRecordWriter *w, int64 id, LockWaitPolicy wait)
 void
 idem_writer_update(IdemRecordWriter *w)
 {
-	MemoryContext oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
-	TupleDesc	desc = RelationGetDescr(w->rel);
+	MemoryContext caller = CurrentMemoryContext;
 	EPQState	epqstate;
-	int			i;
 
-	/* the columns whose value changes count as the ones updated */
-	slot_getallattrs(w->old_slot);
-	w->rte->updatedCols = NULL;
-	for (i = 0; i < desc->natts; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(desc, i);
-		bool		old_null = w->old_slot->tts_isnull[i];
-		bool		new_null = w->new_slot->tts_isnull[i];
-
-		if (att->attisdropped)
-			continue;
-		if (old_null != new_null ||
-			(!new_null && !datumIsEqual(w->old_slot->tts_values[i],
-										w->new_slot->tts_values[i],
-										att->attbyval, att->attlen)))
-			w->rte->updatedCols =
-				bms_add_member(w->rte->updatedCols,
-							   i + 1 - FirstLowInvalidHeapAttributeNumber);
-	}
-
+	Assert(w->operation == CMD_UPDATE);
+	MemoryContextSwitchTo(w->estate->es_query_cxt);
 	EvalPlanQualInit(&epqstate, w->estate, NULL, NIL, -1);
-	ExecStoreVirtualTuple(w->new_slot);
-	ExecSimpleRelationUpdate(w->rri, w->estate, &epqstate, w->old_slot,
-							 w->new_slot);
+	PG_TRY();
+	{
+		ExecStoreVirtualTuple(w->new_slot);
+		ExecSimpleRelationUpdate(w->rri, w->estate, &epqstate, w->old_slot,
+								 w->new_slot);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_without_values(caller);
+	}
+	PG_END_TRY();
 	EvalPlanQualEnd(&epqstate);
-	MemoryContextSwitchTo(oldcontext);
+	MemoryContextSwitchTo(caller);
+}
+
+/*
+ * Re-raise the error being handled.  An integrity constraint violation
+ * (class 23: not-null, check, unique, foreign key, exclusion) loses its
+ * DETAIL, where PostgreSQL shows the row's values ("Failing row contains
+ * ...", "Key (...)=(...)"): the key, the scope, the attempt token's secret,
+ * which neither the calling role, who may not read the table, nor the log
+ * should see.  context is the memory context the caller was in.
+ */
+void
+idem_rethrow_without_values(MemoryContext context)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(context);
+	edata = CopyErrorData();
+	if (ERRCODE_TO_CATEGORY(edata->sqlerrcode) !=
+		ERRCODE_INTEGRITY_CONSTRAINT_VIOLATION)
+		PG_RE_THROW();
+	FlushErrorState();
+	edata->detail = edata->detail == NULL ? NULL :
+		pstrdup("The values of the idempotency record are not shown.");
+	edata->detail_log = NULL;
+	ReThrowError(edata);
 }
 
 /*
@@ -454,8 +540,93 @@ build_cache(IdemRecordWriter *w, WriterCache *fresh)
 		fresh->npredicates++;
 	}
 
+	/*
+	 * Defaults, as the rewriter would put them into an INSERT that does not
+	 * name the column (a type's default included).  The identity column is
+	 * always written, generated columns are computed by the executor.
+	 */
+	fresh->default_attnum = palloc0(desc->natts * sizeof(AttrNumber));
+	fresh->default_expr = palloc0(desc->natts * sizeof(Expr *));
+	fresh->default_state = palloc0(desc->natts * sizeof(ExprState *));
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		Node	   *def;
+		Expr	   *expr;
+
+		if (att->attisdropped || att->attidentity != '\0' ||
+			att->attgenerated != '\0')
+			continue;
+		def = build_column_default(w->rel, i + 1);
+		if (def == NULL)
+			continue;
+		expr = expression_planner((Expr *) def);
+		fresh->default_attnum[fresh->ndefaults] = i + 1;
+		fresh->default_expr[fresh->ndefaults] = expr;
+		if (!needs_query_memory((Node *) expr, NULL))
+			fresh->default_state[fresh->ndefaults] = ExecInitExpr(expr, NULL);
+		fresh->ndefaults++;
+	}
+
 	MemoryContextSwitchTo(oldcontext);
 	MemoryContextSetParent(fresh->context, CacheMemoryContext);
+}
+
+/*
+ * Give the columns of the new row that the caller left NULL their
+ * defaults.  Runs in the write's memory.
+ */
+static void
+fill_defaults(IdemRecordWriter *w)
+{
+	const WriterCache *compiled = w->compiled;
+	TupleTableSlot *slot = w->new_slot;
+	ExprContext *econtext = GetPerTupleExprContext(w->estate);
+	int			i;
+
+	for (i = 0; i < compiled->ndefaults; i++)
+	{
+		int			att = compiled->default_attnum[i] - 1;
+		ExprState  *state = compiled->default_state[i];
+
+		if (!slot->tts_isnull[att])
+			continue;
+		if (state == NULL)
+			state = ExecInitExpr(compiled->default_expr[i], NULL);
+		slot->tts_values[att] = ExecEvalExpr(state, econtext,
+											 &slot->tts_isnull[att]);
+	}
+}
+
+/*
+ * Refuse a write that triggers with transition tables would see: the
+ * executor-free write has no way to fill them.
+ */
+static void
+refuse_transition_tables(IdemRecordWriter *w)
+{
+	TriggerDesc *trigdesc = w->rri->ri_TrigDesc;
+	int			i;
+
+	if (trigdesc == NULL ||
+		!(w->operation == CMD_INSERT ? trigdesc->trig_insert_new_table :
+		  trigdesc->trig_update_old_table || trigdesc->trig_update_new_table))
+		return;
+	for (i = 0; i < trigdesc->numtriggers; i++)
+	{
+		Trigger    *trigger = &trigdesc->triggers[i];
+		int16		event = w->operation == CMD_INSERT ?
+			TRIGGER_TYPE_INSERT : TRIGGER_TYPE_UPDATE;
+
+		if ((trigger->tgtype & event) != 0 &&
+			(trigger->tgoldtable != NULL || trigger->tgnewtable != NULL))
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("idempotency records cannot be written while trigger \"%s\" on \"%s\" uses transition tables",
+							trigger->tgname, RelationGetRelationName(w->rel)),
+					 errdetail("Claims and completions write their row without a statement, which cannot fill transition tables."),
+					 errhint("Drop the trigger, or make it a row-level trigger or a statement-level trigger without REFERENCING.")));
+	}
 }
 
 /*

@@ -230,6 +230,8 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 	bool	   *nulls;
 
 	idem_writer_begin(&w);
+	/* like INSERT ... ON CONFLICT DO NOTHING: a statement even if it skips */
+	idem_writer_start(&w, CMD_INSERT, NULL, 0);
 	scope_keys(scope, keys);
 	if (idem_writer_key_taken(&w, cat->scope_index_oid, keys,
 							  RECORD_SCOPE_COLUMNS))
@@ -356,12 +358,24 @@ idem_record_finish(const IdemToken *token, const IdemResponse *response,
 	bool	   *nulls;
 	bool		ok;
 	Datum		ttl;
+	AttrNumber	set[10];
 
 	idem_writer_begin(&w);
+	col = column_attnums(w.rel);
+	set[0] = col[COL_STATE];
+	set[1] = col[COL_RESPONSE_STATUS];
+	set[2] = col[COL_RESPONSE_HEADERS];
+	set[3] = col[COL_RESPONSE_BODY];
+	set[4] = col[COL_RESOURCE_ID];
+	set[5] = col[COL_ATTEMPT_TOKEN];
+	set[6] = col[COL_LOCKED_UNTIL];
+	set[7] = col[COL_COMPLETED_AT];
+	set[8] = col[COL_UPDATED_AT];
+	set[9] = col[COL_EXPIRES_AT];
+	idem_writer_start(&w, CMD_UPDATE, set, lengthof(set));
 	ok = lock_token_attempt(&w, token);
 	if (ok)
 	{
-		col = column_attnums(w.rel);
 		values = idem_writer_new_row(&w, &nulls, true);
 		ttl = values[col[COL_TTL] - 1];
 		set_column(values, nulls, col[COL_STATE],
@@ -574,11 +588,21 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat)
 static int
 run_plan(RecordPlan which, Datum *values, const char *nulls)
 {
+	MemoryContext caller = CurrentMemoryContext;
 	int			ret;
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	ret = SPI_execute_plan(get_plan(which), values, nulls, false, 1);
+	/* a constraint error must not show the row, as for the direct writes */
+	PG_TRY();
+	{
+		ret = SPI_execute_plan(get_plan(which), values, nulls, false, 1);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_without_values(caller);
+	}
+	PG_END_TRY();
 	if (ret < 0)
 		elog(ERROR, "idempotency record statement %d failed: %s",
 			 (int) which, SPI_result_code_string(ret));
@@ -675,12 +699,16 @@ token_write(const IdemToken *token, RecordColumn column, Datum value,
 	Datum	   *values;
 	bool	   *nulls;
 	bool		ok;
+	AttrNumber	set[2];
 
 	idem_writer_begin(&w);
+	col = column_attnums(w.rel);
+	set[0] = col[column];
+	set[1] = col[COL_UPDATED_AT];
+	idem_writer_start(&w, CMD_UPDATE, set, lengthof(set));
 	ok = lock_token_attempt(&w, token);
 	if (ok)
 	{
-		col = column_attnums(w.rel);
 		values = idem_writer_new_row(&w, &nulls, true);
 		set_column(values, nulls, col[column], value);
 		set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(now));
