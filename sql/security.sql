@@ -259,6 +259,97 @@ SELECT key, state FROM idem.idem_records;
 \c :regress_db
 DROP DATABASE regress_idem_schema;
 
+-- 9. The functions' own statements run as the table's owner the way
+-- foreign key checks do: a deferred constraint added by the owner is
+-- checked at commit, and row level security, even forced on the owner,
+-- applies to none of them (role isolation is the functions' own).
+CREATE TABLE regress_tenants (tenant text COLLATE "C" PRIMARY KEY);
+INSERT INTO regress_tenants VALUES (''), ('t1');
+ALTER TABLE idem_records ADD CONSTRAINT regress_tenant_fk FOREIGN KEY (tenant)
+  REFERENCES regress_tenants DEFERRABLE INITIALLY DEFERRED NOT VALID;
+SET ROLE regress_idem_app;
+BEGIN;
+SELECT (c).token AS fk_token
+  FROM idem_claim('payments.create', 'sec-fk-1', tenant => 't1') c \gset
+SELECT idem_complete(:'fk_token', 201);
+COMMIT;
+BEGIN;
+SELECT outcome FROM idem_claim('payments.create', 'sec-fk-2', tenant => 'no-such-tenant');
+\set VERBOSITY terse
+COMMIT;
+\set VERBOSITY default
+SELECT count(*) AS fk_2_kept FROM idem_replay('payments.create', 'sec-fk-2', tenant => 'no-such-tenant');
+RESET ROLE;
+ALTER TABLE idem_records DROP CONSTRAINT regress_tenant_fk;
+DROP TABLE regress_tenants;
+
+-- (The owner is a role without BYPASSRLS for this part: superusers bypass
+-- row level security whatever the table says.)
+CREATE ROLE regress_idem_owner;
+ALTER TABLE idem_records OWNER TO regress_idem_owner;
+ALTER TABLE idem_records ENABLE ROW LEVEL SECURITY;
+ALTER TABLE idem_records FORCE ROW LEVEL SECURITY;
+CREATE POLICY regress_none ON idem_records USING (false) WITH CHECK (false);
+SET ROLE regress_idem_app;
+SELECT (c).token AS rls_token
+  FROM idem_claim('payments.create', 'sec-rls', on_lease_expiry => 'retry') c \gset
+SELECT idem_fail(:'rls_token', 503, retryable => true);
+SELECT outcome, attempt FROM idem_claim('payments.create', 'sec-rls');
+SELECT (c).record_id AS rls_unknown
+  FROM idem_claim('payments.create', 'sec-rls-2', lease => '1 microsecond') c \gset
+SELECT pg_sleep(0.01);
+SELECT outcome FROM idem_claim('payments.create', 'sec-rls-2');
+SELECT idem_resolve(:rls_unknown, 'succeeded', 200);
+SELECT outcome, http_status FROM idem_replay('payments.create', 'sec-rls-2');
+SET ROLE regress_idem_owner;
+SELECT count(*) AS owner_sees_under_policy FROM idem_records;
+RESET ROLE;
+DROP POLICY regress_none ON idem_records;
+ALTER TABLE idem_records NO FORCE ROW LEVEL SECURITY;
+ALTER TABLE idem_records DISABLE ROW LEVEL SECURITY;
+ALTER TABLE idem_records OWNER TO CURRENT_USER;
+DROP ROLE regress_idem_owner;
+SELECT key, state, attempt FROM idem_records WHERE key LIKE 'sec-rls%' ORDER BY key;
+
+-- 10. A constraint error raised by a record write (not-null, check,
+-- unique, foreign key) shows no values of the row: PostgreSQL's DETAIL
+-- would print the key, the scope and the attempt token's secret.
+ALTER TABLE idem_records ADD COLUMN regress_required text NOT NULL DEFAULT 'x';
+ALTER TABLE idem_records ALTER COLUMN regress_required DROP DEFAULT;
+SET ROLE regress_idem_app;
+SELECT regress_error_of($$SELECT idem_claim('payments.create', 'sec-secret-1')$$) AS not_null;
+RESET ROLE;
+ALTER TABLE idem_records DROP COLUMN regress_required;
+ALTER TABLE idem_records ADD CONSTRAINT regress_no_secret CHECK (key <> 'sec-secret-2');
+ALTER TABLE idem_records ADD CONSTRAINT regress_two_attempts CHECK (attempt <= 2);
+CREATE UNIQUE INDEX regress_key_once ON idem_records (key) WHERE key = 'sec-secret-3';
+CREATE TABLE regress_tenants (tenant text COLLATE "C" PRIMARY KEY);
+ALTER TABLE idem_records ADD CONSTRAINT regress_tenant_fk FOREIGN KEY (tenant)
+  REFERENCES regress_tenants NOT VALID;
+INSERT INTO regress_tenants VALUES ('');
+SET ROLE regress_idem_other;
+SELECT outcome FROM idem_claim('payments.create', 'sec-secret-3');
+RESET ROLE;
+SET ROLE regress_idem_app;
+SELECT (c).token AS secret_token
+  FROM idem_claim('payments.create', 'sec-secret-4', on_lease_expiry => 'retry') c \gset
+SELECT idem_fail(:'secret_token', 503, retryable => true);
+SELECT (c).token AS secret_token
+  FROM idem_claim('payments.create', 'sec-secret-4', on_lease_expiry => 'retry') c \gset
+SELECT idem_fail(:'secret_token', 503, retryable => true);
+SELECT call, regress_error_of(stmt) AS error FROM (VALUES
+  ('check', $$SELECT idem_claim('payments.create', 'sec-secret-2')$$),
+  ('unique', $$SELECT idem_claim('payments.create', 'sec-secret-3')$$),
+  ('foreign key', $$SELECT idem_claim('payments.create', 'sec-secret-5', tenant => 'nope')$$),
+  ('check, new attempt', $$SELECT idem_claim('payments.create', 'sec-secret-4')$$)
+) AS t(call, stmt);
+RESET ROLE;
+ALTER TABLE idem_records DROP CONSTRAINT regress_tenant_fk;
+DROP TABLE regress_tenants;
+DROP INDEX regress_key_once;
+ALTER TABLE idem_records DROP CONSTRAINT regress_two_attempts;
+ALTER TABLE idem_records DROP CONSTRAINT regress_no_secret;
+
 -- Clean up: the roles, their grants and their records.
 REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_heartbeat,
                            idem_checkpoint, idem_replay, idem_resolve

@@ -92,4 +92,111 @@ RESET enable_seqscan;
 RESET enable_bitmapscan;
 DROP INDEX tc_created;
 
+-- The state machine's trigger follows a column dropped and added again:
+-- it reads the new created_at of a record claimed since, not the dropped
+-- column, and still refuses to change it.
+BEGIN;
+ALTER TABLE idem_records DROP COLUMN created_at;
+ALTER TABLE idem_records ADD COLUMN created_at timestamptz;
+SELECT outcome FROM idem_claim('tc.op', 'tc-guard', '{}');
+UPDATE idem_records SET created_at = '2000-01-01 00:00:00+00' WHERE key = 'tc-guard';
+ROLLBACK;
+
+-- A claim fills in the defaults of the columns it does not write, as an
+-- INSERT that does not name them would: a constant, and a sequence.
+BEGIN;
+ALTER TABLE idem_records ADD COLUMN tc_source text NOT NULL DEFAULT 'api';
+ALTER TABLE idem_records ADD COLUMN tc_n serial;
+SELECT outcome FROM idem_claim('tc.op', 'tc-default-1', '{}');
+SELECT outcome FROM idem_claim('tc.op', 'tc-default-2', '{}');
+SELECT key, tc_source FROM idem_records WHERE key LIKE 'tc-default-%' ORDER BY key;
+SELECT max(tc_n) - min(tc_n) AS numbered_in_turn
+  FROM idem_records WHERE key LIKE 'tc-default-%';
+ROLLBACK;
+
+-- Statement triggers fire once around each write, as around an INSERT or
+-- UPDATE of one row.
+CREATE TABLE tc_stmt_log (n serial, what text);
+CREATE FUNCTION tc_log_stmt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO tc_stmt_log (what) VALUES (TG_NAME || ' ' || TG_OP);
+  RETURN NULL;
+END $$;
+CREATE TRIGGER tc_bs BEFORE INSERT OR UPDATE ON idem_records
+  FOR EACH STATEMENT EXECUTE FUNCTION tc_log_stmt();
+CREATE TRIGGER tc_as AFTER INSERT OR UPDATE ON idem_records
+  FOR EACH STATEMENT EXECUTE FUNCTION tc_log_stmt();
+CREATE TRIGGER tc_as_status AFTER UPDATE OF response_status ON idem_records
+  FOR EACH STATEMENT EXECUTE FUNCTION tc_log_stmt();
+SELECT token FROM idem_claim('tc.op', 'tc-stmt', '{}') \gset
+SELECT idem_heartbeat(:'token') IS NOT NULL AS extended;
+SELECT idem_complete(:'token', 201);
+SELECT what FROM tc_stmt_log ORDER BY n;
+DROP TRIGGER tc_bs ON idem_records;
+DROP TRIGGER tc_as ON idem_records;
+DROP TRIGGER tc_as_status ON idem_records;
+
+-- Triggers with transition tables are not supported on the writes that
+-- would fill them: such a write is refused, and writes nothing.
+CREATE TRIGGER tc_new_rows AFTER INSERT ON idem_records
+  REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION tc_log_stmt();
+SELECT outcome FROM idem_claim('tc.op', 'tc-transition', '{}');
+SELECT count(*) AS written FROM idem_records WHERE key = 'tc-transition';
+DROP TRIGGER tc_new_rows ON idem_records;
+DROP FUNCTION tc_log_stmt();
+DROP TABLE tc_stmt_log;
+
+-- A rebuild of the compiled constraints that fails half-way (here a CHECK
+-- whose IMMUTABLE function raises while the planner folds it) leaves nothing
+-- half-built behind: the next claim builds them again, and every CHECK
+-- holds, the ones after the failing one included.
+CREATE FUNCTION tc_fold_ok(t text) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  IF current_setting('tc.fold_fails', true) = 'on' THEN
+    RAISE EXCEPTION 'tc_fold_ok raised';
+  END IF;
+  RETURN true;
+END $$;
+ALTER TABLE idem_records ADD CONSTRAINT tc_a_fold CHECK (tc_fold_ok('a'));
+ALTER TABLE idem_records ADD CONSTRAINT tc_z_no_451 CHECK (response_status <> 451);
+SET tc.fold_fails = on;
+SELECT outcome FROM idem_claim('tc.op', 'tc-fold-1', '{}');
+RESET tc.fold_fails;
+SELECT token FROM idem_claim('tc.op', 'tc-fold-2', '{}') \gset
+SELECT idem_complete(:'token', 451, '{}');
+SELECT idem_complete(:'token', 201, '{}');
+SELECT key, state, response_status FROM idem_records WHERE key LIKE 'tc-fold-%' ORDER BY key;
+ALTER TABLE idem_records DROP CONSTRAINT tc_a_fold;
+ALTER TABLE idem_records DROP CONSTRAINT tc_z_no_451;
+DROP FUNCTION tc_fold_ok(text);
+
 DELETE FROM idem_records WHERE operation = 'tc.op';
+
+-- The extension's schema renamed while a session keeps statements naming
+-- it: they are prepared again under the new name.  The table renamed: a
+-- clear error until it gets its name back.  (In a database of its own.)
+\set regress_db :DBNAME
+CREATE DATABASE regress_idem_rename;
+\c regress_idem_rename
+CREATE SCHEMA idem;
+CREATE EXTENSION idempotency SCHEMA idem;
+SET search_path = idem;
+SET idempotency.default_lease = '1h';
+SELECT token FROM idem_claim('rn.op', 'rn-1', '{}', on_lease_expiry => 'retry') \gset
+SELECT idem_fail(:'token', 503, retryable => true);
+SELECT outcome, attempt, token AS token FROM idem_claim('rn.op', 'rn-1', '{}') \gset
+SELECT idem_fail(:'token', 503, retryable => true);
+ALTER SCHEMA idem RENAME TO idem_renamed;
+SET search_path = idem_renamed;
+SELECT outcome, attempt FROM idem_claim('rn.op', 'rn-1', '{}');
+BEGIN;
+ALTER TABLE idem_records RENAME TO idem_records_old;
+\set VERBOSITY default
+SELECT outcome FROM idem_claim('rn.op', 'rn-2', '{}');
+\set VERBOSITY terse
+ROLLBACK;
+SELECT outcome FROM idem_claim('rn.op', 'rn-2', '{}');
+SELECT key, state, attempt FROM idem_renamed.idem_records ORDER BY key;
+\c :regress_db
+DROP DATABASE regress_idem_rename;

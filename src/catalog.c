@@ -7,9 +7,11 @@
  *
  * The lookups run once per backend.  A relcache callback marks them stale
  * when the records table is invalidated, which covers DROP EXTENSION and a
- * later CREATE EXTENSION (possibly in another schema); the next caller then
- * looks them up again.  Callers that cache plans compare the generation
- * number to learn that the table is a new one.
+ * later CREATE EXTENSION (possibly in another schema) and ALTER TABLE ...
+ * RENAME; a syscache callback on pg_namespace does the same when the
+ * extension's schema is renamed.  The next caller then looks them up again.
+ * Callers that cache plans compare the generation number to learn that the
+ * table is a new one or has a new qualified name.
  *
  *-------------------------------------------------------------------------
  */
@@ -33,11 +35,28 @@
 #include "catalog.h"
 #include "idempotency.h"
 
+/*
+ * The lookups in use.  They are replaced only by a complete set (the
+ * lookups fill a struct of their own), so that an error or a cancel half-way
+ * leaves the previous set, marked stale, never half of a new one.
+ */
 static IdemCatalog catalog;
 static bool catalog_valid = false;
-static bool callback_registered = false;
+static bool callbacks_registered = false;
 
+/*
+ * Invalidations seen, counted so that a lookup can tell whether one arrived
+ * while it ran (it takes locks, and so processes them): its result is used
+ * for the call that made it, but looked up again by the next one.
+ */
+static uint64 invalidation_count = 0;
+
+/* NAMESPACEOID hash of the schema the lookups found */
+static uint32 schema_hash = 0;
+
+static void look_up(IdemCatalog *fresh);
 static void invalidate_catalog(Datum arg, Oid relid);
+static void invalidate_catalog_schema(Datum arg, int cacheid, uint32 hashvalue);
 static Oid	enum_label_oid(Oid type, const char *label);
 
 /*
@@ -47,20 +66,58 @@ static Oid	enum_label_oid(Oid type, const char *label);
 const IdemCatalog *
 idem_catalog(void)
 {
-	Oid			ext;
-	Oid			nsp;
-	Oid			table;
-	int			i;
+	IdemCatalog fresh;
+	uint64		invalidations;
+	const char *old_name;
 
 	if (catalog_valid)
 		return &catalog;
 
-	if (!callback_registered)
+	if (!callbacks_registered)
 	{
 		CacheRegisterRelcacheCallback(invalidate_catalog, (Datum) 0);
-		callback_registered = true;
+		/* ALTER SCHEMA ... RENAME changes the table's qualified name */
+		CacheRegisterSyscacheCallback(NAMESPACEOID, invalidate_catalog_schema,
+									  (Datum) 0);
+		callbacks_registered = true;
 	}
 
+	invalidations = invalidation_count;
+	look_up(&fresh);
+
+	/*
+	 * Statements naming the table (records.c's kept plans) are prepared
+	 * again when it is another table or its name changed.
+	 */
+	fresh.generation = catalog.generation;
+	if (fresh.table_oid != catalog.table_oid || catalog.qualified_table == NULL ||
+		strcmp(fresh.qualified_table, catalog.qualified_table) != 0)
+		fresh.generation++;
+	fresh.layout_generation = catalog.layout_generation + 1;
+
+	old_name = catalog.qualified_table;
+	catalog = fresh;
+	if (old_name != NULL)
+		pfree((void *) old_name);
+	schema_hash = GetSysCacheHashValue1(NAMESPACEOID,
+										ObjectIdGetDatum(catalog.schema_oid));
+	catalog_valid = invalidation_count == invalidations;
+	return &catalog;
+}
+
+/*
+ * Look up the extension's objects into *fresh; its qualified_table is
+ * allocated in TopMemoryContext.
+ */
+static void
+look_up(IdemCatalog *fresh)
+{
+	Oid			ext;
+	Oid			nsp;
+	char	   *nspname;
+	int			i;
+
+	memset(fresh, 0, sizeof(*fresh));
 	ext = get_extension_oid(IDEM_EXTENSION_NAME, true);
 	if (!OidIsValid(ext))
 		ereport(ERROR,
@@ -69,46 +126,47 @@ idem_catalog(void)
 						IDEM_EXTENSION_NAME),
 				 errhint("Run CREATE EXTENSION %s.", IDEM_EXTENSION_NAME)));
 	nsp = idem_extension_schema(ext);
-	table = get_relname_relid(IDEM_RECORDS_TABLE, nsp);
-	if (!OidIsValid(table))
+	nspname = get_namespace_name(nsp);
+	if (nspname == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_SCHEMA),
+				 errmsg("schema of extension \"%s\" does not exist",
+						IDEM_EXTENSION_NAME)));
+	fresh->schema_oid = nsp;
+	fresh->table_oid = get_relname_relid(IDEM_RECORDS_TABLE, nsp);
+	if (!OidIsValid(fresh->table_oid))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("table \"%s\" of extension \"%s\" does not exist",
-						IDEM_RECORDS_TABLE, IDEM_EXTENSION_NAME)));
-
-	if (table != catalog.table_oid)
-		catalog.generation++;
-	catalog.layout_generation++;
-	catalog.schema_oid = nsp;
-	catalog.table_oid = table;
-	catalog.scope_index_oid = get_relname_relid(IDEM_SCOPE_INDEX, nsp);
-	if (!OidIsValid(catalog.scope_index_oid))
+						IDEM_RECORDS_TABLE, IDEM_EXTENSION_NAME),
+				 errdetail("The extension looks for it in schema \"%s\", under that name.",
+						   nspname),
+				 errhint("If it was renamed, rename it back.")));
+	fresh->scope_index_oid = get_relname_relid(IDEM_SCOPE_INDEX, nsp);
+	if (!OidIsValid(fresh->scope_index_oid))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("index \"%s\" of extension \"%s\" does not exist",
-						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME)));
-	if (catalog.qualified_table)
-		pfree((void *) catalog.qualified_table);
-	catalog.qualified_table =
-		MemoryContextStrdup(TopMemoryContext,
-							quote_qualified_identifier(get_namespace_name(nsp),
-													   IDEM_RECORDS_TABLE));
+						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
+				 errhint("If it was renamed, rename it back.")));
 
-	catalog.state_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
-										 CStringGetDatum("idem_state"),
+	fresh->state_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+										CStringGetDatum("idem_state"),
+										ObjectIdGetDatum(nsp));
+	fresh->policy_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+										 CStringGetDatum("idem_lease_policy"),
 										 ObjectIdGetDatum(nsp));
-	catalog.policy_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
-										  CStringGetDatum("idem_lease_policy"),
-										  ObjectIdGetDatum(nsp));
 	for (i = 0; i < IDEM_NUM_STATES; i++)
-		catalog.state_oids[i] = enum_label_oid(catalog.state_type,
-											   idem_state_name((IdemState) i));
+		fresh->state_oids[i] = enum_label_oid(fresh->state_type,
+											  idem_state_name((IdemState) i));
 	for (i = 0; i < IDEM_NUM_POLICIES; i++)
-		catalog.policy_oids[i] = enum_label_oid(catalog.policy_type,
-												idem_policy_name((IdemLeasePolicy) i));
+		fresh->policy_oids[i] = enum_label_oid(fresh->policy_type,
+											   idem_policy_name((IdemLeasePolicy) i));
 
-	catalog_valid = true;
-	return &catalog;
+	/* last: nothing after it can fail and leave it behind */
+	fresh->qualified_table =
+		MemoryContextStrdup(TopMemoryContext,
+							quote_qualified_identifier(nspname, IDEM_RECORDS_TABLE));
 }
 
 /*
@@ -148,8 +206,25 @@ idem_policy_from_oid(const IdemCatalog *cat, Oid value)
 static void
 invalidate_catalog(Datum arg, Oid relid)
 {
-	if (!OidIsValid(relid) || relid == catalog.table_oid)
+	if (!OidIsValid(relid) || relid == catalog.table_oid || !catalog_valid)
+	{
 		catalog_valid = false;
+		invalidation_count++;
+	}
+}
+
+/*
+ * Syscache callback on pg_namespace: forget the lookups when the
+ * extension's schema (or every schema) changed, its name in particular.
+ */
+static void
+invalidate_catalog_schema(Datum arg, int cacheid, uint32 hashvalue)
+{
+	if (hashvalue == 0 || !catalog_valid || hashvalue == schema_hash)
+	{
+		catalog_valid = false;
+		invalidation_count++;
+	}
 }
 
 /*

@@ -3,7 +3,7 @@
  * catalog.h
  *	  Where the extension's objects are: schema, records table and the OIDs
  *	  of the enum labels, looked up once per backend and again after the
- *	  table is invalidated (DROP/CREATE EXTENSION).
+ *	  table or its schema is invalidated (DROP/CREATE EXTENSION, a rename).
  *
  *-------------------------------------------------------------------------
  */
@@ -22,7 +22,8 @@ typedef struct IdemCatalog
 	Oid			policy_type;
 	Oid			state_oids[IDEM_NUM_STATES];
 	Oid			policy_oids[IDEM_NUM_POLICIES];
-	uint64		generation;		/* changes when table_oid changes */
+	uint64		generation;		/* changes when table_oid or
+								 * qualified_table changes */
 	uint64		layout_generation;	/* changes whenever the table's relcache
 									 * entry was invalidated (columns may
 									 * have moved) */

@@ -20,6 +20,17 @@
  * compiled for each write instead.  An entry dropped while a write may still be
  * using it is freed at the end of the transaction, not at once.
  *
+ * A write behaves like an INSERT or UPDATE of one row by the table's owner:
+ * idem_writer_start fires the BEFORE STATEMENT triggers and idem_writer_end
+ * the AFTER STATEMENT ones; a new row gets the defaults of the columns the
+ * caller leaves NULL (compiled once, like the constraints), as an INSERT
+ * that does not name them would; an UPDATE counts the columns the caller
+ * says it sets as the ones updated, for UPDATE OF triggers.  Triggers with
+ * transition tables are refused (a write cannot fill them), and so is any
+ * write they would see.  A constraint error raised by a write loses its
+ * DETAIL, which PostgreSQL fills with the row's values: the key, the scope,
+ * the attempt token's secret.
+ *
  * A row to update is found through the primary key with a fresh snapshot
  * and locked the way UPDATE locks it: waiting (or skipping, for claims),
  * and under READ COMMITTED following the row to its newest version, which
@@ -40,13 +51,14 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"
+#include "catalog/pg_trigger.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
-#include "utils/datum.h"
+#include "rewrite/rewriteHandler.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
@@ -60,7 +72,7 @@
 /* What is compiled once per backend for the records table. */
 typedef struct WriterCache
 {
-	MemoryContext context;
+	MemoryContext context;		/* holds all of it; NULL when there is none */
 	Oid			relid;
 	Oid			id_sequence;	/* of the identity column */
 	int			ncheck;
@@ -68,19 +80,38 @@ typedef struct WriterCache
 	int			npredicates;
 	Oid		   *predicate_index;
 	ExprState **predicate;
+	int			ndefaults;
+	AttrNumber *default_attnum;
+	Expr	  **default_expr;
+	ExprState **default_state;	/* NULL: compiled for each write */
 } WriterCache;
 
+/*
+ * The cache in use.  It is replaced only by a complete build (build_cache
+ * works on a struct of its own), so an error or a cancel during a rebuild
+ * leaves the previous one, marked invalid, never half of a new one.
+ */
 static WriterCache cache;
 static bool cache_valid = false;
 static bool cache_in_use = false;
 static bool callback_registered = false;
 
+/*
+ * Invalidations seen, counted so that a build can tell whether one arrived
+ * while it ran (catalog lookups take locks and so process them): such a
+ * build is used for the write that made it, but not kept as valid.
+ */
+static uint64 invalidation_count = 0;
+static Oid	building_relid = InvalidOid;
+
 static void use_compiled_expressions(IdemRecordWriter *w);
-static void build_cache(IdemRecordWriter *w);
+static void build_cache(IdemRecordWriter *w, WriterCache *fresh);
 static void retire_cache(void);
 static void invalidate_cache(Datum arg, Oid relid);
 static void invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue);
 static bool needs_query_memory(Node *node, void *context);
+static void refuse_transition_tables(IdemRecordWriter *w);
+static void fill_defaults(IdemRecordWriter *w);
 static Relation opened_index(IdemRecordWriter *w, Oid index_oid);
 
 /*
@@ -120,9 +151,37 @@ idem_writer_begin(IdemRecordWriter *w)
 	w->new_slot = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel),
 										 &TTSOpsVirtual);
 	use_compiled_expressions(w);
+	/* a write from a trigger of this one may replace the cache meanwhile */
+	w->compiled = memcpy(palloc(sizeof(WriterCache)), &cache, sizeof(WriterCache));
 	MemoryContextSwitchTo(oldcontext);
 
 	AfterTriggerBeginQuery();
+}
+
+/*
+ * Start the statement the write stands for: an INSERT, or an UPDATE that
+ * sets the given columns (what UPDATE OF triggers and the row lock look
+ * at), and fire its BEFORE STATEMENT triggers.
+ */
+void
+idem_writer_start(IdemRecordWriter *w, CmdType operation,
+				  const AttrNumber *set_columns, int ncolumns)
+{
+	MemoryContext oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	int			i;
+
+	w->operation = operation;
+	refuse_transition_tables(w);
+	w->rte->updatedCols = NULL;
+	for (i = 0; i < ncolumns; i++)
+		w->rte->updatedCols =
+			bms_add_member(w->rte->updatedCols,
+						   set_columns[i] - FirstLowInvalidHeapAttributeNumber);
+	if (operation == CMD_INSERT)
+		ExecBSInsertTriggers(w->estate, w->rri);
+	else
+		ExecBSUpdateTriggers(w->estate, w->rri);
+	MemoryContextSwitchTo(oldcontext);
 }
 
 /*
@@ -132,7 +191,22 @@ idem_writer_begin(IdemRecordWriter *w)
 void
 idem_writer_end(IdemRecordWriter *w)
 {
-	AfterTriggerEndQuery(w->estate);
+	MemoryContext caller = CurrentMemoryContext;
+
+	if (w->operation == CMD_INSERT)
+		ExecASInsertTriggers(w->estate, w->rri, NULL);
+	else if (w->operation == CMD_UPDATE)
+		ExecASUpdateTriggers(w->estate, w->rri, NULL);
+	/* the foreign keys and deferrable unique keys checked at once */
+	PG_TRY();
+	{
+		AfterTriggerEndQuery(w->estate);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_without_values(caller);
+	}
+	PG_END_TRY();
 	/* our indexes, and anything AFTER triggers opened */
 	ExecCloseResultRelations(w->estate);
 	ExecResetTupleTable(w->estate->es_tupleTable, false);
@@ -171,7 +245,7 @@ idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid, ScanKey keys,
 int64
 idem_writer_next_id(IdemRecordWriter *w)
 {
-	return nextval_internal(cache.id_sequence, false);
+	return nextval_internal(w->compiled->id_sequence, false);
 }
 
 /*
@@ -199,17 +273,29 @@ idem_writer_new_row(IdemRecordWriter *w, bool **nulls, bool from_old)
 }
 
 /*
- * Insert the row idem_writer_new_row started.  A key that is already taken
- * raises unique_violation, as an INSERT would.
+ * Insert the row idem_writer_new_row started; the columns left NULL get
+ * their defaults.  A key that is already taken raises unique_violation, as
+ * an INSERT would.
  */
 void
 idem_writer_insert(IdemRecordWriter *w)
 {
-	MemoryContext oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	MemoryContext caller = CurrentMemoryContext;
 
-	ExecStoreVirtualTuple(w->new_slot);
-	ExecSimpleRelationInsert(w->rri, w->estate, w->new_slot);
-	MemoryContextSwitchTo(oldcontext);
+	Assert(w->operation == CMD_INSERT);
+	MemoryContextSwitchTo(w->estate->es_query_cxt);
+	PG_TRY();
+	{
+		fill_defaults(w);
+		ExecStoreVirtualTuple(w->new_slot);
+		ExecSimpleRelationInsert(w->rri, w->estate, w->new_slot);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_without_values(caller);
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(caller);
 }
 
 /*
@@ -306,37 +392,50 @@ idem_writer_lock_read(IdemRecordWriter *w, LockWaitPolicy wait)
 void
 idem_writer_update(IdemRecordWriter *w)
 {
-	MemoryContext oldcontext = MemoryContextSwitchTo(w->estate->es_query_cxt);
-	TupleDesc	desc = RelationGetDescr(w->rel);
+	MemoryContext caller = CurrentMemoryContext;
 	EPQState	epqstate;
-	int			i;
 
-	/* the columns whose value changes count as the ones updated */
-	slot_getallattrs(w->old_slot);
-	w->rte->updatedCols = NULL;
-	for (i = 0; i < desc->natts; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(desc, i);
-		bool		old_null = w->old_slot->tts_isnull[i];
-		bool		new_null = w->new_slot->tts_isnull[i];
-
-		if (att->attisdropped)
-			continue;
-		if (old_null != new_null ||
-			(!new_null && !datumIsEqual(w->old_slot->tts_values[i],
-										w->new_slot->tts_values[i],
-										att->attbyval, att->attlen)))
-			w->rte->updatedCols =
-				bms_add_member(w->rte->updatedCols,
-							   i + 1 - FirstLowInvalidHeapAttributeNumber);
-	}
-
+	Assert(w->operation == CMD_UPDATE);
+	MemoryContextSwitchTo(w->estate->es_query_cxt);
 	EvalPlanQualInit(&epqstate, w->estate, NULL, NIL, -1);
-	ExecStoreVirtualTuple(w->new_slot);
-	ExecSimpleRelationUpdate(w->rri, w->estate, &epqstate, w->old_slot,
-							 w->new_slot);
+	PG_TRY();
+	{
+		ExecStoreVirtualTuple(w->new_slot);
+		ExecSimpleRelationUpdate(w->rri, w->estate, &epqstate, w->old_slot,
+								 w->new_slot);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_without_values(caller);
+	}
+	PG_END_TRY();
 	EvalPlanQualEnd(&epqstate);
-	MemoryContextSwitchTo(oldcontext);
+	MemoryContextSwitchTo(caller);
+}
+
+/*
+ * Re-raise the error being handled.  An integrity constraint violation
+ * (class 23: not-null, check, unique, foreign key, exclusion) loses its
+ * DETAIL, where PostgreSQL shows the row's values ("Failing row contains
+ * ...", "Key (...)=(...)"): the key, the scope, the attempt token's secret,
+ * which neither the calling role, who may not read the table, nor the log
+ * should see.  context is the memory context the caller was in.
+ */
+void
+idem_rethrow_without_values(MemoryContext context)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(context);
+	edata = CopyErrorData();
+	if (ERRCODE_TO_CATEGORY(edata->sqlerrcode) !=
+		ERRCODE_INTEGRITY_CONSTRAINT_VIOLATION)
+		PG_RE_THROW();
+	FlushErrorState();
+	edata->detail = edata->detail == NULL ? NULL :
+		pstrdup("The values of the idempotency record are not shown.");
+	edata->detail_log = NULL;
+	ReThrowError(edata);
 }
 
 /*
@@ -360,8 +459,13 @@ use_compiled_expressions(IdemRecordWriter *w)
 	if (!cache_valid || cache.relid != RelationGetRelid(w->rel) ||
 		cache.ncheck != ncheck)
 	{
+		WriterCache fresh;
+		uint64		invalidations = invalidation_count;
+
+		build_cache(w, &fresh);
 		retire_cache();
-		build_cache(w);
+		cache = fresh;
+		cache_valid = invalidation_count == invalidations;
 	}
 	cache_in_use = true;
 
@@ -382,11 +486,14 @@ use_compiled_expressions(IdemRecordWriter *w)
 
 /*
  * Compile the table's CHECK constraints and its indexes' predicates, as
- * ExecRelCheck and ExecInsertIndexTuples would, into a context of their own
- * that lives until the table changes.
+ * ExecRelCheck and ExecInsertIndexTuples would, into *fresh and a memory
+ * context of its own.  The context hangs below the current one until the
+ * build is complete, so that an error half-way frees it with the rest of
+ * the statement; then it moves to CacheMemoryContext and lives until the
+ * table changes (the way partdesc.c builds a partition descriptor).
  */
 static void
-build_cache(IdemRecordWriter *w)
+build_cache(IdemRecordWriter *w, WriterCache *fresh)
 {
 	TupleDesc	desc = RelationGetDescr(w->rel);
 	MemoryContext oldcontext;
@@ -409,43 +516,37 @@ build_cache(IdemRecordWriter *w)
 	if (identity == InvalidAttrNumber)
 		elog(ERROR, "idem_records has no identity column");
 
-	cache.context = AllocSetContextCreate(CacheMemoryContext,
-										  "idempotency compiled constraints",
-										  ALLOCSET_SMALL_SIZES);
-	oldcontext = MemoryContextSwitchTo(cache.context);
+	memset(fresh, 0, sizeof(*fresh));
+	fresh->relid = RelationGetRelid(w->rel);
+	building_relid = fresh->relid;
+	fresh->context = AllocSetContextCreate(CurrentMemoryContext,
+										   "idempotency compiled constraints",
+										   ALLOCSET_SMALL_SIZES);
+	oldcontext = MemoryContextSwitchTo(fresh->context);
 
-	/*
-	 * Valid from now on, unless an invalidation arrives while it is built
-	 * (catalog lookups below may take locks and so process them): then this
-	 * write still uses it, and the next one builds it again.
-	 */
-	cache_valid = true;
-
-	cache.relid = RelationGetRelid(w->rel);
-	cache.id_sequence = getIdentitySequence(cache.relid, identity, false);
+	fresh->id_sequence = getIdentitySequence(fresh->relid, identity, false);
 
 	/*
 	 * The constraints are handed over all or none: one that keeps state in
 	 * a statement's memory (see needs_query_memory) makes the executor
 	 * compile them all for every write, as for a statement.
 	 */
-	cache.ncheck = desc->constr != NULL ? desc->constr->num_check : 0;
-	cache.checks = palloc0(Max(cache.ncheck, 1) * sizeof(ExprState *));
-	for (i = 0; i < cache.ncheck; i++)
+	fresh->ncheck = desc->constr != NULL ? desc->constr->num_check : 0;
+	fresh->checks = palloc0(Max(fresh->ncheck, 1) * sizeof(ExprState *));
+	for (i = 0; i < fresh->ncheck; i++)
 	{
 		Expr	   *check = expression_planner(stringToNode(desc->constr->check[i].ccbin));
 
 		if (needs_query_memory((Node *) check, NULL))
 		{
-			cache.checks = NULL;
+			fresh->checks = NULL;
 			break;
 		}
-		cache.checks[i] = ExecInitExpr(check, NULL);
+		fresh->checks[i] = ExecInitExpr(check, NULL);
 	}
 
-	cache.npredicates = 0;
-	cache.predicate_index = palloc0(Max(w->rri->ri_NumIndices, 1) * sizeof(Oid));
-	cache.predicate = palloc0(Max(w->rri->ri_NumIndices, 1) * sizeof(ExprState *));
+	fresh->predicate_index = palloc0(Max(w->rri->ri_NumIndices, 1) * sizeof(Oid));
+	fresh->predicate = palloc0(Max(w->rri->ri_NumIndices, 1) * sizeof(ExprState *));
 	for (i = 0; i < w->rri->ri_NumIndices; i++)
 	{
 		List	   *predicate = w->rri->ri_IndexRelationInfo[i]->ii_Predicate;
@@ -455,13 +556,99 @@ build_cache(IdemRecordWriter *w)
 		predicate = (List *) expression_planner((Expr *) copyObject(predicate));
 		if (needs_query_memory((Node *) predicate, NULL))
 			continue;
-		cache.predicate_index[cache.npredicates] =
+		fresh->predicate_index[fresh->npredicates] =
 			RelationGetRelid(w->rri->ri_IndexRelationDescs[i]);
-		cache.predicate[cache.npredicates] = ExecInitQual(predicate, NULL);
-		cache.npredicates++;
+		fresh->predicate[fresh->npredicates] = ExecInitQual(predicate, NULL);
+		fresh->npredicates++;
+	}
+
+	/*
+	 * Defaults, as the rewriter would put them into an INSERT that does not
+	 * name the column (a type's default included).  The identity column is
+	 * always written, generated columns are computed by the executor.
+	 */
+	fresh->default_attnum = palloc0(desc->natts * sizeof(AttrNumber));
+	fresh->default_expr = palloc0(desc->natts * sizeof(Expr *));
+	fresh->default_state = palloc0(desc->natts * sizeof(ExprState *));
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		Node	   *def;
+		Expr	   *expr;
+
+		if (att->attisdropped || att->attidentity != '\0' ||
+			att->attgenerated != '\0')
+			continue;
+		def = build_column_default(w->rel, i + 1);
+		if (def == NULL)
+			continue;
+		expr = expression_planner((Expr *) def);
+		fresh->default_attnum[fresh->ndefaults] = i + 1;
+		fresh->default_expr[fresh->ndefaults] = expr;
+		if (!needs_query_memory((Node *) expr, NULL))
+			fresh->default_state[fresh->ndefaults] = ExecInitExpr(expr, NULL);
+		fresh->ndefaults++;
 	}
 
 	MemoryContextSwitchTo(oldcontext);
+	MemoryContextSetParent(fresh->context, CacheMemoryContext);
+}
+
+/*
+ * Give the columns of the new row that the caller left NULL their
+ * defaults.  Runs in the write's memory.
+ */
+static void
+fill_defaults(IdemRecordWriter *w)
+{
+	const WriterCache *compiled = w->compiled;
+	TupleTableSlot *slot = w->new_slot;
+	ExprContext *econtext = GetPerTupleExprContext(w->estate);
+	int			i;
+
+	for (i = 0; i < compiled->ndefaults; i++)
+	{
+		int			att = compiled->default_attnum[i] - 1;
+		ExprState  *state = compiled->default_state[i];
+
+		if (!slot->tts_isnull[att])
+			continue;
+		if (state == NULL)
+			state = ExecInitExpr(compiled->default_expr[i], NULL);
+		slot->tts_values[att] = ExecEvalExpr(state, econtext,
+											 &slot->tts_isnull[att]);
+	}
+}
+
+/*
+ * Refuse a write that triggers with transition tables would see: the
+ * executor-free write has no way to fill them.
+ */
+static void
+refuse_transition_tables(IdemRecordWriter *w)
+{
+	TriggerDesc *trigdesc = w->rri->ri_TrigDesc;
+	int			i;
+
+	if (trigdesc == NULL ||
+		!(w->operation == CMD_INSERT ? trigdesc->trig_insert_new_table :
+		  trigdesc->trig_update_old_table || trigdesc->trig_update_new_table))
+		return;
+	for (i = 0; i < trigdesc->numtriggers; i++)
+	{
+		Trigger    *trigger = &trigdesc->triggers[i];
+		int16		event = w->operation == CMD_INSERT ?
+			TRIGGER_TYPE_INSERT : TRIGGER_TYPE_UPDATE;
+
+		if ((trigger->tgtype & event) != 0 &&
+			(trigger->tgoldtable != NULL || trigger->tgnewtable != NULL))
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("idempotency records cannot be written while trigger \"%s\" on \"%s\" uses transition tables",
+							trigger->tgname, RelationGetRelationName(w->rel)),
+					 errdetail("Claims and completions write their row without a statement, which cannot fill transition tables."),
+					 errhint("Drop the trigger, or make it a row-level trigger or a statement-level trigger without REFERENCING.")));
+	}
 }
 
 /*
@@ -473,22 +660,32 @@ retire_cache(void)
 {
 	if (cache.context != NULL)
 		MemoryContextSetParent(cache.context, TopTransactionContext);
-	cache.context = NULL;
+	memset(&cache, 0, sizeof(cache));
 	cache_valid = false;
 	cache_in_use = false;
 }
 
+/*
+ * Relcache callback: the table (or every relation) changed.
+ */
 static void
 invalidate_cache(Datum arg, Oid relid)
 {
-	if (!OidIsValid(relid) || relid == cache.relid)
+	if (!OidIsValid(relid) || relid == cache.relid || relid == building_relid)
+	{
 		cache_valid = false;
+		invalidation_count++;
+	}
 }
 
+/*
+ * Syscache callback: a function or a type changed.
+ */
 static void
 invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue)
 {
 	cache_valid = false;
+	invalidation_count++;
 }
 
 /*

@@ -12,13 +12,18 @@
 #include "executor/tuptable.h"
 #include "nodes/execnodes.h"
 #include "nodes/lockoptions.h"
+#include "nodes/nodes.h"
 #include "nodes/parsenodes.h"
 #include "utils/relcache.h"
+
+struct WriterCache;
 
 /* One write to idem_records, from idem_writer_begin to idem_writer_end. */
 typedef struct IdemRecordWriter
 {
 	Relation	rel;
+	const struct WriterCache *compiled; /* constraints, defaults, sequence */
+	CmdType		operation;		/* set by idem_writer_start */
 	EState	   *estate;
 	RangeTblEntry *rte;			/* the range table's one entry */
 	ResultRelInfo *rri;
@@ -28,6 +33,8 @@ typedef struct IdemRecordWriter
 } IdemRecordWriter;
 
 extern void idem_writer_begin(IdemRecordWriter *w);
+extern void idem_writer_start(IdemRecordWriter *w, CmdType operation,
+							  const AttrNumber *set_columns, int ncolumns);
 extern void idem_writer_end(IdemRecordWriter *w);
 extern bool idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid,
 								  ScanKey keys, int nkeys);
@@ -40,5 +47,7 @@ extern bool idem_writer_lock(IdemRecordWriter *w, int64 id,
 extern bool idem_writer_read(IdemRecordWriter *w, int64 id);
 extern bool idem_writer_lock_read(IdemRecordWriter *w, LockWaitPolicy wait);
 extern void idem_writer_update(IdemRecordWriter *w);
+extern void idem_rethrow_without_values(MemoryContext context)
+			pg_attribute_noreturn();
 
 #endif							/* IDEM_RECORD_WRITER_H */

@@ -286,6 +286,8 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 	bool	   *nulls;
 
 	idem_writer_begin(&w);
+	/* like INSERT ... ON CONFLICT DO NOTHING: a statement even if it skips */
+	idem_writer_start(&w, CMD_INSERT, NULL, 0);
 	scope_keys(scope, keys);
 	if (idem_writer_key_taken(&w, cat->scope_index_oid, keys,
 							  RECORD_SCOPE_COLUMNS))
@@ -417,12 +419,30 @@ idem_record_finish(const IdemToken *token, const IdemResponse *response,
 	bool	   *nulls;
 	bool		ok;
 	Datum		ttl;
+	AttrNumber	set[12];
+	int			nset = 0;
 
 	idem_writer_begin(&w);
+	col = column_attnums(w.rel);
+	set[nset++] = col[COL_STATE];
+	set[nset++] = col[COL_RESPONSE_STATUS];
+	set[nset++] = col[COL_RESPONSE_HEADERS];
+	set[nset++] = col[COL_RESPONSE_BODY];
+	set[nset++] = col[COL_RESOURCE_ID];
+	set[nset++] = col[COL_ATTEMPT_TOKEN];
+	set[nset++] = col[COL_LOCKED_UNTIL];
+	set[nset++] = col[COL_COMPLETED_AT];
+	set[nset++] = col[COL_UPDATED_AT];
+	set[nset++] = col[COL_EXPIRES_AT];
+	if (col[COL_RESPONSE_SEALED] != InvalidAttrNumber)
+	{
+		set[nset++] = col[COL_RESPONSE_RAW_BODY];
+		set[nset++] = col[COL_RESPONSE_SEALED];
+	}
+	idem_writer_start(&w, CMD_UPDATE, set, nset);
 	ok = lock_token_attempt(&w, token);
 	if (ok)
 	{
-		col = column_attnums(w.rel);
 		values = idem_writer_new_row(&w, &nulls, true);
 		ttl = values[col[COL_TTL] - 1];
 		set_column(values, nulls, col[COL_STATE],
@@ -738,11 +758,21 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 static int
 run_plan(RecordPlan which, Datum *values, const char *nulls)
 {
+	MemoryContext caller = CurrentMemoryContext;
 	int			ret;
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	ret = SPI_execute_plan(get_plan(which), values, nulls, false, 1);
+	/* a constraint error must not show the row, as for the direct writes */
+	PG_TRY();
+	{
+		ret = SPI_execute_plan(get_plan(which), values, nulls, false, 1);
+	}
+	PG_CATCH();
+	{
+		idem_rethrow_without_values(caller);
+	}
+	PG_END_TRY();
 	if (ret < 0)
 		elog(ERROR, "idempotency record statement %d failed: %s",
 			 (int) which, SPI_result_code_string(ret));
@@ -884,12 +914,16 @@ token_write(const IdemToken *token, RecordColumn column, Datum value,
 	Datum	   *values;
 	bool	   *nulls;
 	bool		ok;
+	AttrNumber	set[2];
 
 	idem_writer_begin(&w);
+	col = column_attnums(w.rel);
+	set[0] = col[column];
+	set[1] = col[COL_UPDATED_AT];
+	idem_writer_start(&w, CMD_UPDATE, set, lengthof(set));
 	ok = lock_token_attempt(&w, token);
 	if (ok)
 	{
-		col = column_attnums(w.rel);
 		values = idem_writer_new_row(&w, &nulls, true);
 		set_column(values, nulls, col[column], value);
 		set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(now));
@@ -921,16 +955,23 @@ column_attnums(Relation heap)
 			"completed_at", "expires_at", "response_raw_body",
 			"response_sealed"
 		};
+		AttrNumber	found[NUM_RECORD_COLUMNS];
 		int			i;
 
+		/* all found, or the old numbers stay (and are looked for again) */
 		for (i = 0; i < NUM_RECORD_COLUMNS; i++)
 		{
-			attnums[i] = SPI_fnumber(RelationGetDescr(heap), names[i]);
-			if (attnums[i] <= 0 && i >= FIRST_OPTIONAL_COLUMN)
-				attnums[i] = InvalidAttrNumber;
-			else if (attnums[i] <= 0)
-				elog(ERROR, "column \"%s\" of idem_records not found", names[i]);
+			/* version 1.1's columns are missing while the table is 1.0's */
+			if (i >= FIRST_OPTIONAL_COLUMN)
+			{
+				int			attnum = SPI_fnumber(RelationGetDescr(heap), names[i]);
+
+				found[i] = attnum > 0 ? (AttrNumber) attnum : InvalidAttrNumber;
+			}
+			else
+				found[i] = idem_column_number(RelationGetDescr(heap), names[i]);
 		}
+		memcpy(attnums, found, sizeof(attnums));
 		attnums_layout = layout;
 	}
 	return attnums;

@@ -9,10 +9,23 @@
  * needs only EXECUTE on the functions, no privilege on idem_records: for
  * the statements on the table the functions switch to the table's owner,
  * the way the foreign key triggers do (ri_triggers.c), with
- * SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION, and switch
- * back afterwards.  An error on the way is fine: aborting the
- * (sub)transaction restores the user and security context in force when it
- * began.
+ * SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS, and switch back
+ * afterwards.  An error on the way is fine: aborting the (sub)transaction
+ * restores the user and security context in force when it began.
+ *
+ * The flags make a record write behave like an INSERT or UPDATE by the
+ * owner.  SECURITY_LOCAL_USERID_CHANGE, as for a SECURITY DEFINER
+ * function, keeps SET ROLE and SET SESSION AUTHORIZATION out while the
+ * owner's identity is borrowed.  SECURITY_RESTRICTED_OPERATION is not used:
+ * it is meant for maintenance commands that run a table owner's code in a
+ * more privileged session, and it refuses deferred triggers, so a deferred
+ * constraint the owner added made every claim fail.  The code it would fence
+ * in here (triggers, CHECK and default expressions of idem_records) is the
+ * owner's, and runs as the owner in any INSERT of theirs.
+ * SECURITY_NOFORCE_RLS: the functions enforce role isolation themselves
+ * (security.c, records.c), so row level security policies on idem_records,
+ * even with FORCE ROW LEVEL SECURITY, apply to none of their statements,
+ * read or write, direct or through SPI, as for foreign key checks.
  *
  * Running as the owner is only safe because every statement in records.c
  * names its objects with their schema (the table through the extension's
@@ -72,7 +85,7 @@ idem_become_owner(IdemUserContext *ctx)
 	SetUserIdAndSecContext(owner,
 						   ctx->saved_sec_context |
 						   SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
+						   SECURITY_NOFORCE_RLS);
 }
 
 /*

@@ -40,6 +40,7 @@
 #include "tcop/cmdtag.h"
 #include "tcop/pquery.h"
 #include "utils/builtins.h"
+#include "utils/inval.h"
 #include "utils/portal.h"
 #include "utils/rel.h"
 #include "utils/timestamp.h"
@@ -67,7 +68,11 @@ static const bool allowed[IDEM_NUM_STATES][IDEM_NUM_STATES] = {
 	[IDEM_UNKNOWN] = {false, true, true, true, false},
 };
 
-/* Column numbers of idem_records the trigger reads, found once per table. */
+/*
+ * Column numbers of idem_records the trigger reads, found again after any
+ * change to the table (a column dropped and added again moves, a table
+ * dropped and created again may get the same OID back).
+ */
 typedef struct GuardColumns
 {
 	Oid			relid;
@@ -82,9 +87,11 @@ typedef struct GuardColumns
 } GuardColumns;
 
 static GuardColumns columns;
+static bool columns_valid = false;
+static bool callback_registered = false;
 
 static void find_columns(Relation rel);
-static AttrNumber column_number(TupleDesc tupdesc, const char *name);
+static void invalidate_columns(Datum arg, Oid relid);
 static Datum get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum,
 						bool *isnull);
 static bool loading_with_copy(void);
@@ -224,7 +231,7 @@ idem_records_guard(PG_FUNCTION_ARGS)
 
 	cat = idem_catalog();
 	tupdesc = RelationGetDescr(trigdata->tg_relation);
-	if (columns.relid != RelationGetRelid(trigdata->tg_relation))
+	if (!columns_valid || columns.relid != RelationGetRelid(trigdata->tg_relation))
 		find_columns(trigdata->tg_relation);
 
 	newtuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
@@ -326,35 +333,67 @@ reject_change(const IdemChange *change, const char *detail,...)
 }
 
 /*
- * Find the column numbers the trigger reads.
+ * Find the column numbers the trigger reads, all of them or none: a column
+ * that is missing leaves the previous numbers, marked stale.
  */
 static void
 find_columns(Relation rel)
 {
 	TupleDesc	tupdesc = RelationGetDescr(rel);
+	GuardColumns found;
 
-	columns.id = column_number(tupdesc, "id");
-	columns.scope[0] = column_number(tupdesc, "role");
-	columns.scope[1] = column_number(tupdesc, "tenant");
-	columns.scope[2] = column_number(tupdesc, "caller");
-	columns.scope[3] = column_number(tupdesc, "operation");
-	columns.scope[4] = column_number(tupdesc, "key");
-	columns.fingerprint = column_number(tupdesc, "fingerprint");
-	columns.state = column_number(tupdesc, "state");
-	columns.attempt = column_number(tupdesc, "attempt");
-	columns.locked_until = column_number(tupdesc, "locked_until");
-	columns.created_at = column_number(tupdesc, "created_at");
-	columns.expires_at = column_number(tupdesc, "expires_at");
-	columns.relid = RelationGetRelid(rel);
+	if (!callback_registered)
+	{
+		CacheRegisterRelcacheCallback(invalidate_columns, (Datum) 0);
+		callback_registered = true;
+	}
+
+	found.id = idem_column_number(tupdesc, "id");
+	found.scope[0] = idem_column_number(tupdesc, "role");
+	found.scope[1] = idem_column_number(tupdesc, "tenant");
+	found.scope[2] = idem_column_number(tupdesc, "caller");
+	found.scope[3] = idem_column_number(tupdesc, "operation");
+	found.scope[4] = idem_column_number(tupdesc, "key");
+	found.fingerprint = idem_column_number(tupdesc, "fingerprint");
+	found.state = idem_column_number(tupdesc, "state");
+	found.attempt = idem_column_number(tupdesc, "attempt");
+	found.locked_until = idem_column_number(tupdesc, "locked_until");
+	found.created_at = idem_column_number(tupdesc, "created_at");
+	found.expires_at = idem_column_number(tupdesc, "expires_at");
+	found.relid = RelationGetRelid(rel);
+
+	/*
+	 * The relation is open and locked, so any invalidation of it has been
+	 * processed before the trigger fired, and none arrives while the
+	 * numbers are read from its descriptor.
+	 */
+	columns = found;
+	columns_valid = true;
 }
 
-static AttrNumber
-column_number(TupleDesc tupdesc, const char *name)
+/*
+ * Relcache callback: the table (or every relation) changed.
+ */
+static void
+invalidate_columns(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == columns.relid)
+		columns_valid = false;
+}
+
+/*
+ * Number of a column of idem_records, with a clear error when it is gone.
+ */
+AttrNumber
+idem_column_number(TupleDesc tupdesc, const char *name)
 {
 	int			attnum = SPI_fnumber(tupdesc, name);
 
 	if (attnum <= 0)
-		elog(ERROR, "column \"%s\" of idem_records not found", name);
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" of table \"idem_records\" does not exist", name),
+				 errdetail("The idempotency extension needs every column it created.")));
 	return (AttrNumber) attnum;
 }
 

@@ -9,6 +9,7 @@
 #ifndef IDEM_STATE_MACHINE_H
 #define IDEM_STATE_MACHINE_H
 
+#include "access/tupdesc.h"
 #include "datatype/timestamp.h"
 
 /* In the order of the idem_state enum's labels. */
@@ -53,5 +54,6 @@ extern const char *idem_policy_name(IdemLeasePolicy policy);
 extern bool idem_state_is_finished(IdemState state);
 extern bool idem_transition_allowed(IdemState from, IdemState to);
 extern void idem_check_change(const IdemChange *change);
+extern AttrNumber idem_column_number(TupleDesc tupdesc, const char *name);
 
 #endif							/* IDEM_STATE_MACHINE_H */
