@@ -204,7 +204,7 @@ idem_policy_from_oid(const IdemCatalog *cat, Oid value)
  * relation) is invalidated.
  */
 static void
-invalidate_catalog(Datum arg, Oid relid)
+invalidate_catalog(Datum arg pg_attribute_unused(), Oid relid)
 {
 	if (!OidIsValid(relid) || relid == catalog.table_oid || !catalog_valid)
 	{
@@ -218,7 +218,8 @@ invalidate_catalog(Datum arg, Oid relid)
  * extension's schema (or every schema) changed, its name in particular.
  */
 static void
-invalidate_catalog_schema(Datum arg, int cacheid, uint32 hashvalue)
+invalidate_catalog_schema(Datum arg pg_attribute_unused(),
+						  int cacheid pg_attribute_unused(), uint32 hashvalue)
 {
 	if (hashvalue == 0 || !catalog_valid || hashvalue == schema_hash)
 	{

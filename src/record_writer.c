@@ -669,7 +669,7 @@ retire_cache(void)
  * Relcache callback: the table (or every relation) changed.
  */
 static void
-invalidate_cache(Datum arg, Oid relid)
+invalidate_cache(Datum arg pg_attribute_unused(), Oid relid)
 {
 	if (!OidIsValid(relid) || relid == cache.relid || relid == building_relid)
 	{
@@ -682,7 +682,9 @@ invalidate_cache(Datum arg, Oid relid)
  * Syscache callback: a function or a type changed.
  */
 static void
-invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue)
+invalidate_cache_syscache(Datum arg pg_attribute_unused(),
+						  int cacheid pg_attribute_unused(),
+						  uint32 hashvalue pg_attribute_unused())
 {
 	cache_valid = false;
 	invalidation_count++;

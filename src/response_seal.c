@@ -129,13 +129,14 @@ idem_check_encryption_key(char **newval, void **extra, GucSource source)
 }
 
 void
-idem_assign_encryption_key(const char *newval, void *extra)
+idem_assign_encryption_key(const char *newval pg_attribute_unused(), void *extra)
 {
 	current_key = (const SealKey *) extra;
 }
 
 void
-idem_assign_encryption_key_previous(const char *newval, void *extra)
+idem_assign_encryption_key_previous(const char *newval pg_attribute_unused(),
+									void *extra)
 {
 	previous_key = (const SealKey *) extra;
 }

@@ -91,7 +91,7 @@ static bool columns_valid = false;
 static bool callback_registered = false;
 
 static void find_columns(Relation rel);
-static void invalidate_columns(Datum arg, Oid relid);
+static void invalidate_columns(Datum arg pg_attribute_unused(), Oid relid);
 static Datum get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum,
 						bool *isnull);
 static bool loading_with_copy(void);
@@ -375,7 +375,7 @@ find_columns(Relation rel)
  * Relcache callback: the table (or every relation) changed.
  */
 static void
-invalidate_columns(Datum arg, Oid relid)
+invalidate_columns(Datum arg pg_attribute_unused(), Oid relid)
 {
 	if (!OidIsValid(relid) || relid == columns.relid)
 		columns_valid = false;

@@ -296,7 +296,7 @@ check_header_name(const JsonbValue *name)
 							idem_clip(pnstrdup(s, len), 64)),
 					 errdetail("Byte %d is 0x%02x; a name is letters, digits and !#$%%&'*+-.^_`|~.",
 							   i + 1, (unsigned char) s[i])));
-	for (i = 0; i < lengthof(hop_by_hop); i++)
+	for (i = 0; i < (int) lengthof(hop_by_hop); i++)
 		if (len == (int) strlen(hop_by_hop[i]) &&
 			pg_strncasecmp(s, hop_by_hop[i], len) == 0)
 			ereport(ERROR,
