@@ -34,8 +34,10 @@ const MAX_BODY = 1 << 20;
 const BAD_INPUT = new Set(['22023', '22004']);
 
 const CLAIM_SQL = `
-    SELECT outcome, token, http_status, headers, body, error_code, retry_after
+    SELECT outcome, token, http_status, headers, raw_body, error_code, retry_after
       FROM idem_claim($1, $2, $3::jsonb)`;
+
+const JSON_TYPE = ['Content-Type', 'application/json'];
 
 class ClientError extends Error {
   constructor(status, errorCode, message) {
@@ -45,16 +47,9 @@ class ClientError extends Error {
   }
 }
 
-// One serialization for the first answer and its replays (jsonb gives the
-// stored body back with its keys in another order): same bytes.
-function stableStringify(value) {
-  if (Array.isArray(value)) return `[${value.map(stableStringify).join(',')}]`;
-  if (value !== null && typeof value === 'object') {
-    return `{${Object.keys(value).sort()
-      .map((k) => `${JSON.stringify(k)}:${stableStringify(value[k])}`).join(',')}}`;
-  }
-  return JSON.stringify(value);
-}
+// A JSON answer as the bytes sent.  The stored response is these very bytes
+// (raw_body), so a replay is the same bytes.
+const encode = (value) => Buffer.from(JSON.stringify(value));
 
 // The handler's own checks: a failure is stored and replayed.
 function validate(request) {
@@ -68,22 +63,26 @@ function validate(request) {
   return null;
 }
 
-// Map an outcome other than proceed to [status, headers, body].
+// Map an outcome other than proceed to [status, headers, body]: headers a
+// list of [name, value] pairs, body a Buffer.
 function answer(decision) {
   const error = { error_code: decision.error_code };
   switch (decision.outcome) {
     case 'replay':
+      // The stored status, headers (in order, repeats kept) and body bytes,
+      // exactly as first sent, and the marker.
       return [decision.http_status,
-        { ...(decision.headers || {}), 'Idempotent-Replayed': 'true' }, decision.body];
+        [...(decision.headers || []), ['Idempotent-Replayed', 'true']],
+        decision.raw_body || Buffer.alloc(0)];
     case 'in_progress':
       error.message = 'a request with this Idempotency-Key is still being processed';
-      return [409, { 'Retry-After': String(decision.retry_after) }, error];
+      return [409, [JSON_TYPE, ['Retry-After', String(decision.retry_after)]], encode(error)];
     case 'mismatch':
       error.message = 'this Idempotency-Key was used for a different request';
-      return [422, {}, error];
+      return [422, [JSON_TYPE], encode(error)];
     case 'unknown':
       error.message = 'the outcome of the first attempt is unknown; query the payment before retrying';
-      return [409, {}, error];
+      return [409, [JSON_TYPE], encode(error)];
     default:
       throw new Error(`unexpected outcome ${decision.outcome}`);
   }
@@ -115,19 +114,22 @@ async function createPayment(pool, key, request, { delayMs = 0, fail = false } =
       const problem = validate(request);
       if (problem !== null) {
         // A stable failure: stored, replayed to every retry.
-        const body = { error_code: 'VALIDATION_FAILED', message: problem };
-        await client.query('SELECT idem_fail($1, 400, $2)', [decision.token, JSON.stringify(body)]);
-        result = [400, {}, body];
+        const headers = [JSON_TYPE];
+        const body = encode({ error_code: 'VALIDATION_FAILED', message: problem });
+        await client.query('SELECT idem_fail($1, 400, headers => $2, raw_body => $3)',
+          [decision.token, JSON.stringify(headers), body]);
+        result = [400, headers, body];
       } else {
         const { rows: [payment] } = await client.query(
           `INSERT INTO payments (idempotency_key, amount, currency)
            VALUES ($1, $2, $3) RETURNING id`, [key, request.amount, request.currency]);
         if (delayMs > 0) await sleep(delayMs);
         if (fail) throw new Error('simulated failure after the write');
-        const body = { id: payment.id, amount: request.amount, currency: request.currency, status: 'created' };
-        const headers = { Location: `/payments/${payment.id}` };
-        await client.query('SELECT idem_complete($1, 201, $2, $3, $4)',
-          [decision.token, JSON.stringify(body), JSON.stringify(headers), payment.id]);
+        const body = encode({ id: payment.id, amount: request.amount, currency: request.currency, status: 'created' });
+        const headers = [JSON_TYPE, ['Location', `/payments/${payment.id}`]];
+        await client.query(
+          'SELECT idem_complete($1, 201, headers => $2, resource_id => $3, raw_body => $4)',
+          [decision.token, JSON.stringify(headers), payment.id, body]);
         result = [201, headers, body];
       }
     }
@@ -144,9 +146,9 @@ async function createPayment(pool, key, request, { delayMs = 0, fail = false } =
 
 async function getPayment(pool, id) {
   const { rows } = await pool.query('SELECT id, amount, currency FROM payments WHERE id = $1', [id]);
-  if (rows.length === 0) return [404, {}, { error_code: 'NOT_FOUND', message: 'no such payment' }];
+  if (rows.length === 0) return [404, [JSON_TYPE], encode({ error_code: 'NOT_FOUND', message: 'no such payment' })];
   const p = rows[0]; // bigint comes back as a string
-  return [200, {}, { id: p.id, amount: Number(p.amount), currency: p.currency, status: 'created' }];
+  return [200, [JSON_TYPE], encode({ id: p.id, amount: Number(p.amount), currency: p.currency, status: 'created' })];
 }
 
 function readBody(req) {
@@ -163,14 +165,10 @@ function readBody(req) {
   });
 }
 
+// Send status, headers ([name, value] pairs, in order, repeats kept) and body.
 function respond(res, [status, headers, body]) {
-  const data = body === null || body === undefined ? '' : stableStringify(body);
-  res.writeHead(status, {
-    'Content-Type': 'application/json',
-    'Content-Length': Buffer.byteLength(data),
-    ...headers,
-  });
-  res.end(data);
+  res.writeHead(status, [...headers, ['Content-Length', String(body.length)]].flat());
+  res.end(body);
 }
 
 async function handle(pool, req) {
@@ -204,11 +202,11 @@ function createServer(pool, { verbose = true } = {}) {
   return http.createServer((req, res) => {
     handle(pool, req).then((result) => result, (err) => {
       if (err instanceof ClientError) {
-        return [err.status, {}, { error_code: err.errorCode, message: err.message }];
+        return [err.status, [JSON_TYPE], encode({ error_code: err.errorCode, message: err.message })];
       }
       // The transaction rolled back: a retry proceeds.
       console.error(`${req.method} ${req.url} failed: ${err.message}`);
-      return [500, {}, { error_code: 'INTERNAL_ERROR', message: 'try again' }];
+      return [500, [JSON_TYPE], encode({ error_code: 'INTERNAL_ERROR', message: 'try again' })];
     }).then((result) => {
       respond(res, result);
       if (verbose) console.error(`${req.method} ${req.url} ${result[0]}`);
@@ -237,4 +235,4 @@ function main() {
 
 if (require.main === module) main();
 
-module.exports = { createServer, createPayment, stableStringify };
+module.exports = { createServer, createPayment };

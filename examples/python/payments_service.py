@@ -42,14 +42,17 @@ POOL_SIZE = 10
 BAD_INPUT = {"22023", "22004"}
 
 CLAIM_SQL = """
-    SELECT outcome, token, http_status, headers, body, error_code, retry_after
+    SELECT outcome, token, http_status, headers, body, raw_body, error_code, retry_after
       FROM idem_claim(%(operation)s, %(key)s, %(request)s::jsonb)
 """
 
+JSON = ("Content-Type", "application/json")
 
-def dumps(value):
-    """One serialization for the first answer and its replays: same bytes."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+def encode(value):
+    """A JSON answer as the bytes sent.  The stored response is these very
+    bytes (raw_body), so a replay is the same bytes whatever the encoder."""
+    return json.dumps(value).encode()
 
 
 class Pool:
@@ -94,22 +97,24 @@ def validate(request):
 
 
 def answer(decision):
-    """Map an outcome other than proceed to (status, headers, body)."""
+    """Map an outcome other than proceed to (status, headers, body bytes)."""
     outcome = decision["outcome"]
     if outcome == "replay":
-        headers = dict(decision["headers"] or {})
-        headers["Idempotent-Replayed"] = "true"
-        return decision["http_status"], headers, decision["body"]
+        # The stored status, headers (a list of [name, value] pairs, in
+        # order) and body bytes, exactly as first sent, and the marker.
+        headers = [tuple(h) for h in decision["headers"] or []]
+        headers.append(("Idempotent-Replayed", "true"))
+        return decision["http_status"], headers, bytes(decision["raw_body"] or b"")
     error = {"error_code": decision["error_code"]}
     if outcome == "in_progress":
         error["message"] = "a request with this Idempotency-Key is still being processed"
-        return 409, {"Retry-After": str(decision["retry_after"])}, error
+        return 409, [JSON, ("Retry-After", str(decision["retry_after"]))], encode(error)
     if outcome == "mismatch":
         error["message"] = "this Idempotency-Key was used for a different request"
-        return 422, {}, error
+        return 422, [JSON], encode(error)
     if outcome == "unknown":
         error["message"] = "the outcome of the first attempt is unknown; query the payment before retrying"
-        return 409, {}, error
+        return 409, [JSON], encode(error)
     raise RuntimeError("unexpected outcome %r" % outcome)
 
 
@@ -137,9 +142,11 @@ def create_payment(pool, key, request, delay_ms=0, fail=False):
                     problem = validate(request)
                     if problem is not None:
                         # A stable failure: stored, replayed to every retry.
-                        body = {"error_code": "VALIDATION_FAILED", "message": problem}
-                        cur.execute("SELECT idem_fail(%s, 400, %s)", (token, Json(body)))
-                        result = (400, {}, body)
+                        headers = [JSON]
+                        body = encode({"error_code": "VALIDATION_FAILED", "message": problem})
+                        cur.execute("SELECT idem_fail(%s, 400, headers => %s, raw_body => %s)",
+                                    (token, Json(headers), psycopg2.Binary(body)))
+                        result = (400, headers, body)
                     else:
                         cur.execute(
                             "INSERT INTO payments (idempotency_key, amount, currency)"
@@ -150,11 +157,12 @@ def create_payment(pool, key, request, delay_ms=0, fail=False):
                             time.sleep(delay_ms / 1000.0)
                         if fail:
                             raise RuntimeError("simulated failure after the write")
-                        body = {"id": payment_id, "amount": request["amount"],
-                                "currency": request["currency"], "status": "created"}
-                        headers = {"Location": "/payments/" + payment_id}
-                        cur.execute("SELECT idem_complete(%s, 201, %s, %s, %s)",
-                                    (token, Json(body), Json(headers), payment_id))
+                        body = encode({"id": payment_id, "amount": request["amount"],
+                                       "currency": request["currency"], "status": "created"})
+                        headers = [JSON, ("Location", "/payments/" + payment_id)]
+                        cur.execute("SELECT idem_complete(%s, 201, headers => %s,"
+                                    " resource_id => %s, raw_body => %s)",
+                                    (token, Json(headers), payment_id, psycopg2.Binary(body)))
                         result = (201, headers, body)
     return result  # only once the transaction has committed
 
@@ -166,8 +174,9 @@ def get_payment(pool, payment_id):
                         (payment_id,))
             row = cur.fetchone()
     if row is None:
-        return 404, {}, {"error_code": "NOT_FOUND", "message": "no such payment"}
-    return 200, {}, {"id": row[0], "amount": row[1], "currency": row[2], "status": "created"}
+        return 404, [JSON], encode({"error_code": "NOT_FOUND", "message": "no such payment"})
+    return 200, [JSON], encode({"id": row[0], "amount": row[1], "currency": row[2],
+                                "status": "created"})
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -195,10 +204,12 @@ class Handler(BaseHTTPRequestHandler):
             fail = self.headers.get("Simulate-Failure", "").lower() == "true"
             self.respond(*create_payment(self.server.pool, key, request, delay_ms, fail))
         except ClientError as e:
-            self.respond(e.status, {}, {"error_code": e.error_code, "message": e.message})
+            self.respond(e.status, [JSON],
+                         encode({"error_code": e.error_code, "message": e.message}))
         except Exception as e:  # the transaction rolled back: a retry proceeds
             self.log_error("POST /payments failed: %s", e)
-            self.respond(500, {}, {"error_code": "INTERNAL_ERROR", "message": "try again"})
+            self.respond(500, [JSON],
+                         encode({"error_code": "INTERNAL_ERROR", "message": "try again"}))
 
     def do_GET(self):
         try:
@@ -207,20 +218,21 @@ class Handler(BaseHTTPRequestHandler):
                 raise ClientError(404, "NOT_FOUND", "no such resource")
             self.respond(*get_payment(self.server.pool, m.group(1)))
         except ClientError as e:
-            self.respond(e.status, {}, {"error_code": e.error_code, "message": e.message})
+            self.respond(e.status, [JSON],
+                         encode({"error_code": e.error_code, "message": e.message}))
         except Exception as e:
             self.log_error("GET %s failed: %s", self.path, e)
-            self.respond(500, {}, {"error_code": "INTERNAL_ERROR", "message": "try again"})
+            self.respond(500, [JSON],
+                         encode({"error_code": "INTERNAL_ERROR", "message": "try again"}))
 
     def respond(self, status, headers, body):
-        data = b"" if body is None else dumps(body).encode()
+        """Send status, headers (name, value pairs, repeats kept) and body bytes."""
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        for name, value in headers.items():
+        for name, value in headers:
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(body)
 
     def log_request(self, code="-", size="-"):
         if self.server.verbose:  # errors are logged whatever --quiet says

@@ -89,8 +89,10 @@ class Service:
 
 
 class Response:
-    def __init__(self, status, headers, raw):
-        self.status, self.headers, self.raw = status, headers, raw
+    def __init__(self, status, header_list, raw):
+        self.status, self.raw = status, raw
+        self.header_list = header_list      # (name, value) in the order sent
+        self.headers = {k.lower(): v for k, v in header_list}
         try:
             self.json = json.loads(raw) if raw else None
         except ValueError:
@@ -116,7 +118,7 @@ def request(port, method, path, body=None, headers=None, timeout=30):
         hdrs.update(headers or {})
         conn.request(method, path, body=data, headers=hdrs)
         r = conn.getresponse()
-        return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+        return Response(r.status, r.getheaders(), r.read())
     finally:
         conn.close()
 
@@ -237,6 +239,13 @@ def test_replay_and_mismatch(port, db, key, body, first):
     check("the replay has the stored body and Location",
           first is not None and r.raw == first.raw
           and r.headers.get("location") == first.headers.get("location"), (r, first))
+
+    def stored(resp):  # the headers the service stored, in order
+        per_connection = ("date", "server", "content-length", "idempotent-replayed")
+        return [(k, v) for k, v in resp.header_list if k.lower() not in per_connection]
+    check("the replay sends the stored headers in their order",
+          first is not None and stored(r) == stored(first) and len(stored(r)) >= 2,
+          (stored(r), first and stored(first)))
     reordered = {k: body[k] for k in reversed(list(body))}
     r = post(port, key, reordered)
     check("the same request with its fields in another order replays (canonical fingerprint)",
