@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh: measure the extension side by side with its baselines.
 #
-#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory]
+#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory|responses]
 #
 # One command, one throwaway cluster (scripts/lib.sh), a Markdown report
 # printed at the end.  The parts (bench/README.md says what each measures):
@@ -19,9 +19,13 @@
 #                alternating in SIZE_ROUNDS rounds).
 #   memory       pgbench backends' RssAnon and memory-context totals sampled
 #                every MEM_INTERVAL seconds over a MEM_SECONDS mixed run.
+#   responses    new keys and replays with a 1 KB response stored as jsonb,
+#                as raw bytes, and as raw bytes encrypted at rest
+#                (idempotency.encryption_key), ROUNDS alternating rounds;
+#                ratios to the jsonb path.
 #
-#   quick        all five, small: a smoke test of a few minutes.
-#   full         all five at full size (about 45 minutes on 2 cores).
+#   quick        all six, small: a smoke test of a few minutes.
+#   full         all six at full size (about 50 minutes on 2 cores).
 #
 # Environment (defaults for full / quick; a single part uses full's):
 #   PG_CONFIG, KEEP_TMP=1 (scripts/lib.sh), REPORT=file (also write the report there)
@@ -41,14 +45,14 @@ BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 MODE=${1:-quick}
 case $MODE in
     quick)
-        PARTS="tps fingerprint cleanup size memory"
+        PARTS="tps fingerprint cleanup size memory responses"
         : "${KEYS:=20000}" "${ROUNDS:=2}" "${RUN_SECONDS:=3}" "${FP_ROUNDS:=1}" "${FP_SECONDS:=3}"
         : "${BACKLOG:=100000}" "${CLEANUP_ROUNDS:=1}" "${CLEANUP_SECONDS:=15}"
         : "${SIZES:=10000 200000}" "${SIZE_ROUNDS:=1}" "${SIZE_SECONDS:=5}"
         : "${MEM_SECONDS:=30}" "${MEM_INTERVAL:=5}" ;;
-    full) PARTS="tps fingerprint cleanup size memory" ;;
-    tps|fingerprint|cleanup|size|memory) PARTS=$MODE ;;
-    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory]" >&2; exit 2 ;;
+    full) PARTS="tps fingerprint cleanup size memory responses" ;;
+    tps|fingerprint|cleanup|size|memory|responses) PARTS=$MODE ;;
+    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses]" >&2; exit 2 ;;
 esac
 CLIENTS=${CLIENTS:-4}
 KEYS=${KEYS:-100000}
@@ -82,7 +86,7 @@ trap cleanup EXIT
 install_packages
 build_and_install
 make_workdir
-if has_part tps || has_part cleanup || has_part size || has_part memory; then
+if has_part tps || has_part cleanup || has_part size || has_part memory || has_part responses; then
     start_cluster "idempotency.database = 'bench'" \
         "idempotency.naptime = '1h'" \
         "synchronous_commit = off" \
@@ -443,11 +447,81 @@ part_memory() {
     } | out
 }
 
+# --- responses: jsonb, raw and encrypted bodies ----------------------------------
+# A throwaway key: the benchmark's records are deleted with the cluster.
+RESPONSE_KEY=000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
+part_responses() {
+    local results=$IDEM_TMP/responses.tsv body round w v prefix file tps opts
+    : >"$results"
+    # A 1 KB JSON document, the body every variant stores.
+    body=$(python3 -c 'import json; print(json.dumps({"id": "PAY-1", "status": "captured",
+        "items": [{"sku": "SKU-%04d" % i, "qty": i, "price": "%d.99" % i} for i in range(22)]}))')
+    as_postgres "$bindir/createdb" bench_resp
+    psql_db bench_resp -c "CREATE EXTENSION idempotency"
+    log "responses: loading $KEYS replayable keys of each kind"
+    for v in jsonb raw enc; do
+        opts=""
+        [ "$v" = enc ] && opts="-c idempotency.encryption_key=$RESPONSE_KEY"
+        as_postgres env PGOPTIONS="$opts" "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d bench_resp \
+            -v keys="$KEYS" -v body="$body" -v kind="$v" <<'SQL'
+SELECT count(*) FROM (
+  SELECT CASE WHEN :'kind' = 'jsonb'
+              THEN idem_complete(c.token, 201, :'body'::jsonb, '[["Content-Type", "application/json"]]')
+              ELSE idem_complete(c.token, 201, headers => '[["Content-Type", "application/json"]]',
+                                 raw_body => convert_to(:'body', 'UTF8')) END
+    FROM generate_series(1, :keys) g,
+         LATERAL idem_claim('responses', :'kind' || '-' || g) c) s;
+SQL
+    done
+    psql_db bench_resp -c "VACUUM ANALYZE"
+    for round in $(seq 1 "$ROUNDS"); do
+        log "responses: round $round of $ROUNDS"
+        for w in replay new; do
+            for v in jsonb raw enc; do
+                file=$W/resp_${w}_raw.sql
+                [ "$v" = jsonb ] && file=$W/resp_${w}_jsonb.sql
+                opts=""
+                [ "$v" = enc ] && opts="-c idempotency.encryption_key=$RESPONSE_KEY"
+                tps=$(as_postgres env PGOPTIONS="$opts" "$bindir/pgbench" -n -M prepared \
+                    -c "$CLIENTS" -j 2 -T "$RUN_SECONDS" -D keys="$KEYS" -D prefix="$v" \
+                    -D body="$body" -f "$file" bench_resp 2>&1 |
+                    sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
+                [ -n "$tps" ] || { log "pgbench failed for $w $v"; return 1; }
+                printf '%s_%s\t%s\n' "$w" "$v" "$tps" >>"$results"
+                printf '  %-16s %10.0f tps\n' "${w}_$v" "$tps" >&2
+            done
+        done
+    done
+    resp_tps() { awk -F'\t' -v v="$1" '$1 == v { print $2 }' "$results" | median; }
+    resp_ratio() {
+        awk -F'\t' -v a="$1" -v b="$2" '$1 == a { x[++na] = $2 } $1 == b { y[++nb] = $2 }
+            END { for (i = 1; i <= na && i <= nb; i++) printf "%.4f\n", x[i] / y[i] }' "$results" |
+            median | awk '{ printf "%.2f", $1 }'
+    }
+    {
+        echo "### Responses: jsonb, raw bytes, encrypted at rest (1 KB body)"
+        echo
+        echo "| workload | jsonb tps | raw tps | raw + encryption tps | raw / jsonb | encrypted / jsonb | encrypted / raw |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for w in replay new; do
+            printf '| %s | %.0f | %.0f | %.0f | %s | %s | %s |\n' "$w" \
+                "$(resp_tps "${w}_jsonb")" "$(resp_tps "${w}_raw")" "$(resp_tps "${w}_enc")" \
+                "$(resp_ratio "${w}_raw" "${w}_jsonb")" "$(resp_ratio "${w}_enc" "${w}_jsonb")" \
+                "$(resp_ratio "${w}_enc" "${w}_raw")"
+        done
+        echo
+        echo "Medians of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run, -M prepared;"
+        echo "ratios are the median of the ratio within each round."
+        echo
+    } | out
+}
+
 if has_part tps || has_part cleanup || has_part memory; then needs_bench_db; fi
 if has_part tps; then part_tps; fi
 if has_part cleanup; then part_cleanup; fi
 if has_part size; then part_size; fi
 if has_part memory; then part_memory; fi
+if has_part responses; then part_responses; fi
 if [ -n "$FP_REPORT" ]; then
     { echo "### Fingerprint (bench/fingerprint.sh)"; echo; echo "$FP_REPORT"; echo; } | out
 fi
