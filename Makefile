@@ -10,6 +10,10 @@ REGRESS = setup claim state_machine bad_input table_changes
 REGRESS_OPTS = --inputdir=$(srcdir) --encoding=UTF8
 ISOLATION = plain_insert_blocks claim_concurrent claim_external isolation_levels
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency
+# The suites expect the per-call defaults, whatever the server's
+# postgresql.conf says (make installcheck runs against any server).
+installcheck: export PGOPTIONS += -c idempotency.default_ttl=1d \
+	-c idempotency.default_lease=30s -c idempotency.claim_wait=0
 TAP_TESTS = 1
 
 # Canonical JSON and fingerprint
@@ -47,3 +51,14 @@ include $(PGXS)
 # PGXS does not track header dependencies: rebuild every object when one of
 # the project's headers changes.
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
+
+# The three suites against an installed server, each run even when another
+# fails: make installcheck-all (README, "Running the tests against your own
+# server").  PGXS's installcheck stops at the first failing suite.
+.PHONY: installcheck-all
+installcheck-all:
+	@status=0; \
+	$(MAKE) installcheck ISOLATION= TAP_TESTS= || status=1; \
+	$(MAKE) installcheck REGRESS= TAP_TESTS= || status=1; \
+	$(MAKE) installcheck REGRESS= ISOLATION= || status=1; \
+	exit $$status

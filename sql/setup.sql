@@ -49,8 +49,8 @@ SELECT p.oid::regprocedure AS open_to_public
 SELECT has_function_privilege('public', 'idem_claim(text,text,jsonb,text,text,interval,interval,interval,text)',
                               'EXECUTE') AS public_can_claim;
 
--- The settings and their defaults.
-SELECT name, setting, unit, context FROM pg_settings
+-- The settings and their defaults, whatever the server's configuration.
+SELECT name, boot_val, unit, context FROM pg_settings
  WHERE name LIKE 'idempotency.%' ORDER BY name;
 
 -- An empty table gives empty statistics.
