@@ -45,6 +45,38 @@ run_suite regress ISOLATION= TAP_TESTS=
 run_suite isolation REGRESS= TAP_TESTS=
 run_suite tap REGRESS= ISOLATION=
 
+# The README's walkthrough, its sql blocks run as written with psql by an
+# application role set up as the README's install steps say: it must run
+# without error and give the answers the README describes, in order.
+run_walkthrough() {
+    local bindir out=$IDEM_TMP/walkthrough.out sql=$IDEM_TMP/walkthrough.sql got
+    local want="proceed replay mismatch in_progress replay unknown replay"
+    bindir=$("$PG_CONFIG" --bindir)
+    log "suite: walkthrough (README.md)"
+    sed -n '/^## Walkthrough/,/^## Using it/p' "$IDEM_ROOT/README.md" |
+        awk '/^```sql$/ { code = 1; next } /^```$/ { code = 0 } code' >"$sql"
+    chmod 644 "$sql"
+    if as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d postgres \
+            -c "CREATE ROLE app LOGIN" -c "CREATE DATABASE appdb OWNER app" &&
+        as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d appdb \
+            -c "CREATE EXTENSION idempotency" \
+            -c "GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_heartbeat, idem_checkpoint, idem_replay, idem_resolve TO app" &&
+        as_postgres "$bindir/psql" -X -v ON_ERROR_STOP=1 -U app -d appdb -f "$sql" >"$out" 2>&1; then
+        got=$(grep -oE '^ *(proceed|replay|mismatch|in_progress|unknown)\b' "$out" | tr -d ' ' | tr '\n' ' ')
+        if [ "${got% }" = "$want" ]; then
+            echo "walkthrough ... ok"
+            passed=$((passed + 1))
+            return
+        fi
+        echo "walkthrough: answers \"${got% }\", expected \"$want\""
+    fi
+    cat "$out"
+    echo "walkthrough ... FAILED"
+    failed_suites+=(walkthrough)
+    failed=$((failed + 1))
+}
+run_walkthrough
+
 # The example clients: each test starts its HTTP service on 127.0.0.1 and
 # sends it real requests.  They run as the invoking user, from a copy of
 # examples/ of their own, in a process group that is ended afterwards, with a
