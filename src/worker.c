@@ -89,13 +89,6 @@ typedef struct LauncherEntry
 	bool		reported_no_slot;	/* LOG said there is no worker slot */
 } LauncherEntry;
 
-/* The two passes of a cycle. */
-typedef enum IdemPass
-{
-	IDEM_PASS_LEASES,
-	IDEM_PASS_CLEANUP
-} IdemPass;
-
 PGDLLEXPORT void idem_launcher_main(Datum main_arg);
 PGDLLEXPORT void idem_worker_main(Datum main_arg);
 
@@ -119,8 +112,8 @@ static bool settings_changed(void);
 static void worker_shmem_exit(int code, Datum arg);
 static void run_cycle(MemoryContext cycle_context);
 static bool run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress);
-static int64 run_batch_transaction(IdemPass pass, int limit);
-static void report_cycle_error(MemoryContext cycle_context);
+static int64 run_batch_transaction(IdemPassRun *run, int limit, bool *more);
+static void report_pass_error(IdemPass pass, MemoryContext cycle_context);
 
 /*
  * The databases named in idempotency.database, as a list of palloc'd
@@ -499,15 +492,18 @@ worker_shmem_exit(int code pg_attribute_unused(),
 }
 
 /*
- * One cycle: the lease pass, then the cleanup pass.  An error ends the
- * cycle; it is logged and kept in the status, and the next cycle runs as
- * usual after the naptime.
+ * One cycle: the lease pass, then the cleanup pass.  Each pass catches its
+ * own error, so that neither ever keeps the other from running; the error
+ * is logged and kept in the status, and the pass runs again in the next
+ * cycle.
  */
 static void
 run_cycle(MemoryContext cycle_context)
 {
 	MemoryContext oldcontext = MemoryContextSwitchTo(cycle_context);
 	IdemWorkerProgress progress = {0};
+	volatile bool installed = true;
+	volatile IdemPass pass;
 
 	if (RecoveryInProgress())
 	{
@@ -516,26 +512,29 @@ run_cycle(MemoryContext cycle_context)
 		return;
 	}
 
-	PG_TRY();
+	for (pass = IDEM_PASS_LEASES; pass < IDEM_NUM_PASSES && installed; pass++)
 	{
-		if (run_pass(IDEM_PASS_LEASES, &progress) &&
-			run_pass(IDEM_PASS_CLEANUP, &progress))
+		PG_TRY();
 		{
-			idem_status_end_cycle();
-			ereport(DEBUG1,
-					(errmsg_internal("idempotency worker for database \"%s\": %lld leases expired, %lld records deleted in %lld batches",
-									 worker_dbname,
-									 (long long) progress.rows_expired,
-									 (long long) progress.rows_deleted,
-									 (long long) progress.cleanup_batches)));
+			installed = run_pass(pass, &progress);
 		}
+		PG_CATCH();
+		{
+			report_pass_error(pass, cycle_context);
+		}
+		PG_END_TRY();
 	}
-	PG_CATCH();
+
+	if (installed)
 	{
-		report_cycle_error(cycle_context);
 		idem_status_end_cycle();
+		ereport(DEBUG1,
+				(errmsg_internal("idempotency worker for database \"%s\": %lld leases expired, %lld records deleted in %lld batches",
+								 worker_dbname,
+								 (long long) progress.rows_expired,
+								 (long long) progress.rows_deleted,
+								 (long long) progress.cleanup_batches)));
 	}
-	PG_END_TRY();
 
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
@@ -552,17 +551,19 @@ run_cycle(MemoryContext cycle_context)
 static bool
 run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 {
+	IdemPassRun run;
 	int64		pass_rows = 0;
 	int			batches = 0;
+	bool		more = true;
 
-	for (;;)
+	idem_pass_begin(&run, pass);
+	while (more)
 	{
-		int			batch_size = idem_cleanup_batch_size;
 		int64		n;
 		IdemWorkerProgress batch = {0};
 
 		CHECK_FOR_INTERRUPTS();
-		n = run_batch_transaction(pass, batch_size);
+		n = run_batch_transaction(&run, idem_cleanup_batch_size, &more);
 		if (n < 0)
 			return false;
 
@@ -580,7 +581,7 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 		cycle_progress->rows_deleted += batch.rows_deleted;
 		cycle_progress->cleanup_batches += batch.cleanup_batches;
 
-		if (n < batch_size)
+		if (!more)
 			break;
 		if (batches >= idem_cleanup_max_batches)
 		{
@@ -608,16 +609,20 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 				(errmsg("idempotency worker for database \"%s\" expired %lld leases",
 						worker_dbname, (long long) pass_rows)));
 
+	/* the skipped records were logged one by one; the status keeps the last */
+	if (run.nskipped > 0)
+		idem_status_set_error(run.last_skip);
+
 	return true;
 }
 
 /*
  * One batch of a pass in a transaction of its own.  Returns the number of
- * rows changed, or -1 when the extension is not installed (logged once
- * until it is).
+ * rows changed, with *more as idem_pass_batch() sets it, or -1 when the
+ * extension is not installed (logged once until it is).
  */
 static int64
-run_batch_transaction(IdemPass pass, int limit)
+run_batch_transaction(IdemPassRun *run, int limit, bool *more)
 {
 	MemoryContext cycle_context = CurrentMemoryContext;
 	Oid			extoid;
@@ -650,16 +655,11 @@ run_batch_transaction(IdemPass pass, int limit)
 		reported_waiting = false;
 
 		idem_maintenance_prepare(extoid);
-		if (pass == IDEM_PASS_LEASES)
-		{
-			pgstat_report_activity(STATE_RUNNING, "idempotency: expiring leases");
-			n = idem_expire_leases_batch(limit);
-		}
-		else
-		{
-			pgstat_report_activity(STATE_RUNNING, "idempotency: deleting expired records");
-			n = idem_cleanup_batch(limit);
-		}
+		pgstat_report_activity(STATE_RUNNING,
+							   run->pass == IDEM_PASS_LEASES
+							   ? "idempotency: expiring leases"
+							   : "idempotency: deleting expired records");
+		n = idem_pass_batch(run, limit, more);
 	}
 
 	SPI_finish();
@@ -677,7 +677,7 @@ run_batch_transaction(IdemPass pass, int limit)
  * status.
  */
 static void
-report_cycle_error(MemoryContext cycle_context)
+report_pass_error(IdemPass pass, MemoryContext cycle_context)
 {
 	ErrorData  *edata;
 
@@ -694,7 +694,8 @@ report_cycle_error(MemoryContext cycle_context)
 			(errcode(edata->sqlerrcode),
 			 errmsg("idempotency worker for database \"%s\" failed a cycle: %s",
 					worker_dbname, edata->message),
-			 errdetail("The worker tries again after idempotency.naptime.")));
+			 errdetail("The %s pass stopped; the worker tries it again after idempotency.naptime.",
+					   pass == IDEM_PASS_LEASES ? "lease expiry" : "cleanup")));
 }
 
 /*
