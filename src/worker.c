@@ -816,6 +816,16 @@ run_batch_transaction(IdemPassRun *run, int limit, bool *more)
 							worker_dbname, IDEM_EXTENSION_NAME)));
 
 		idem_maintenance_prepare(extoid);
+
+		/*
+		 * A deferred constraint (a foreign key of the user's referencing a
+		 * record, say) would otherwise fail at commit, where no row can be
+		 * told from the others and the same batch would fail every cycle:
+		 * checked at the end of each statement, it fails inside the
+		 * subtransaction of the row, which is then skipped.
+		 */
+		if (SPI_execute("SET CONSTRAINTS ALL IMMEDIATE", false, 0) != SPI_OK_UTILITY)
+			elog(ERROR, "SET CONSTRAINTS failed");
 		pgstat_report_activity(STATE_RUNNING,
 							   run->pass == IDEM_PASS_LEASES
 							   ? "idempotency: expiring leases"

@@ -101,6 +101,8 @@ BEGIN
 END $$;
 CREATE TRIGGER keep_secret BEFORE DELETE ON idem_records
   FOR EACH ROW EXECUTE FUNCTION keep_secret();
+CREATE TABLE refs (record bigint REFERENCES idem_records (id)
+  DEFERRABLE INITIALLY DEFERRED);
 BEGIN;
 INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state,
     attempt, on_lease_expiry, ttl, locked_until, created_at, claimed_at,
@@ -111,19 +113,28 @@ VALUES ('', 'app', 'op', 'secret-lease-key', sha256(''), 'processing', 1,
        ('', 'app', 'op', 'secret-delete-key', sha256(''), 'processing', 1,
         'unknown', '1 day', now() + interval '1 day', now(), now(), now(),
         now()),
+       ('', 'app', 'op', 'referenced-key', sha256(''), 'processing', 1,
+        'unknown', '1 day', now() + interval '1 day', now(), now(), now(),
+        now()),
        ('', 'app', 'op', 'old-done', sha256(''), 'processing', 1,
         'unknown', '1 day', now() + interval '1 day', now(), now(), now(),
         now());
 UPDATE idem_records SET state = 'succeeded', response_status = 200,
-       completed_at = now() WHERE key IN ('secret-delete-key', 'old-done');
+       completed_at = now()
+ WHERE key IN ('secret-delete-key', 'referenced-key', 'old-done');
 UPDATE idem_records SET expires_at = now() - interval '1 year'
  WHERE key = 'secret-delete-key';
+UPDATE idem_records SET expires_at = now() - interval '1 month'
+ WHERE key = 'referenced-key';
+INSERT INTO refs SELECT id FROM idem_records WHERE key = 'referenced-key';
 UPDATE idem_records SET expires_at = now() - interval '1 day'
  WHERE key = 'old-done';
 COMMIT;
 });
 my ($lease_id, $delete_id) = split /\n/, $node->safe_psql('appdb',
 	"SELECT id FROM idem_records WHERE key LIKE 'secret-%' ORDER BY key DESC");
+my $referenced_id = $node->safe_psql('appdb',
+	"SELECT id FROM idem_records WHERE key = 'referenced-key'");
 lease_expires('good-1', 'behind a record whose ttl overflows');
 ok( $node->poll_query_until(
 		'appdb', "SELECT count(*) = 0 FROM idem_records WHERE key = 'old-done'"),
@@ -134,11 +145,14 @@ $node->wait_for_log(
 $node->wait_for_log(
 	qr/WARNING:  idempotency cleanup skipped record $delete_id: this record is kept by a test trigger/,
 	$offset);
-pass('each skipped record is logged by its id');
+$node->wait_for_log(
+	qr/WARNING:  idempotency cleanup skipped record $referenced_id: update or delete on table "idem_records" violates foreign key constraint/,
+	$offset);
+pass('each skipped record is logged by its id, deferred constraints included');
 like(
 	$node->safe_psql('appdb',
 		"SELECT last_error FROM idem_worker_status() WHERE database = 'appdb'"),
-	qr/^(lease expiry skipped record $lease_id: timestamp out of range|cleanup skipped record $delete_id: this record is kept by a test trigger)$/,
+	qr/^(lease expiry skipped record $lease_id: timestamp out of range|cleanup skipped record ($delete_id: this record is kept by a test trigger|$referenced_id: update or delete on table "idem_records" violates foreign key constraint .*))$/,
 	'the status shows the last skipped record');
 lease_expires('good-2', 'again in the next cycles');
 # (the test's own statements are logged too: look at the other lines only)
@@ -152,6 +166,7 @@ is( $node->safe_psql('appdb',
 	'the skipped records are left as they were');
 $node->safe_psql('appdb', q{
 DROP TRIGGER keep_secret ON idem_records;
+DROP TABLE refs;
 DELETE FROM idem_records;
 });
 
