@@ -92,6 +92,75 @@ RESET enable_seqscan;
 RESET enable_bitmapscan;
 
 --
+-- A record that cannot be processed is skipped with a WARNING naming its
+-- id (never its key) and the pass goes on with the others.  Three records
+-- hold a ttl that overflows the clock (as 1.0 could store) and the oldest
+-- leases, so they come first in every batch; a trigger refuses to delete
+-- them once they have expired.
+--
+TRUNCATE idem_records RESTART IDENTITY;
+SELECT pg_temp.add('poison-', 3, 'unknown', '-1 hour');
+SELECT pg_temp.add('good-', 3, 'unknown', '-1 minute');
+UPDATE idem_records SET ttl = '25000000 mons -740000000 days'
+ WHERE key LIKE 'poison-%';
+
+-- Batches of 2: the first two batches meet poison first, yet 2 leases
+-- expire; the skipped records do not count against max_rows.
+SELECT idem_expire_leases(max_rows => 2) AS expired;
+SELECT idem_expire_leases() AS expired;
+SELECT id, key, state FROM idem_records ORDER BY id;
+
+CREATE FUNCTION keep_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.key LIKE 'poison-%' THEN
+    RAISE EXCEPTION 'this record is kept by a test trigger';
+  END IF;
+  RETURN OLD;
+END $$;
+CREATE TRIGGER keep_poison BEFORE DELETE ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION keep_poison();
+UPDATE idem_records SET state = 'succeeded', response_status = 200,
+       completed_at = now();
+UPDATE idem_records SET expires_at = now() - interval '1 day' * (10 - id);
+
+-- Cleanup skips them the same way, in batches that meet them first.
+SELECT idem_cleanup(batch_size => 2, max_batches => 2) AS deleted;
+SELECT idem_cleanup() AS deleted;
+SELECT id, key, state FROM idem_records ORDER BY id;
+
+-- Both passes in one statement: neither stops the other.
+SELECT pg_temp.add('late-', 1, 'unknown', '-1 minute');
+SELECT idem_expire_leases() AS expired, idem_cleanup() AS deleted;
+
+-- An error that is no row's fault is raised as it is, not skipped.
+CREATE ROLE idem_maint_nopriv;
+GRANT EXECUTE ON FUNCTION idem_expire_leases(integer) TO idem_maint_nopriv;
+SET ROLE idem_maint_nopriv;
+\set VERBOSITY terse
+SELECT idem_expire_leases() AS expired;
+\set VERBOSITY default
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION idem_expire_leases(integer) FROM idem_maint_nopriv;
+DROP ROLE idem_maint_nopriv;
+
+DROP TRIGGER keep_poison ON idem_records;
+DROP FUNCTION keep_poison();
+TRUNCATE idem_records;
+
+--
+-- The kept plans name the extension's schema: after a rename they are
+-- prepared again under the new name.
+--
+SELECT idem_expire_leases() AS expired;
+BEGIN;
+ALTER SCHEMA public RENAME TO idem_renamed;
+SET LOCAL search_path = idem_renamed;
+SELECT pg_temp.add('renamed-', 1, 'unknown', '-1 minute');
+SELECT idem_expire_leases() AS expired, idem_cleanup() AS deleted;
+ROLLBACK;
+SELECT idem_expire_leases() AS expired;
+
+--
 -- No worker serves this database; only superusers (and roles granted
 -- EXECUTE) may run the passes or start and inspect workers.
 --

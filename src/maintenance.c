@@ -35,10 +35,25 @@
  * nothing but the id list, so the outer scan is a primary key lookup: with
  * the conditions repeated there, the planner may walk the whole expired
  * part of the expiry index for every batch, which makes draining a large
- * backlog quadratic.  The clock and the limit are
- * parameters.  The plans are prepared once per process and kept
- * (SPI_keepplan); they are prepared again when the extension was dropped
- * and created again, or moved to another schema.
+ * backlog quadratic.  The clock, the limit and the records to leave out
+ * (below) are parameters.  The plans are prepared once per process and
+ * kept (SPI_keepplan); they are prepared again when the extension was
+ * dropped and created again, moved to another schema or its schema
+ * renamed (a kept plan names the schema in its text).
+ *
+ * A record that cannot be processed (its ttl overflows the clock, a
+ * trigger or a foreign key refuses the change) must never stop the pass
+ * for the others.  Each batch runs in a subtransaction; when it fails with
+ * an error that concerns its rows (not a cancel, a lock timeout or a lack
+ * of resources, which are raised again), the subtransaction is rolled
+ * back, the batch's rows are locked again and changed one by one, each in
+ * a subtransaction of its own.  A row that fails is skipped with a WARNING
+ * naming its id (never its key), and its id joins the list the later
+ * batches of the same run leave out, so that every batch either changes
+ * rows or sets aside new ones: the skipped rows, always first in the
+ * index order, can never hold the good ones back.  The next run tries them
+ * again.  The batch that succeeds, the usual case, costs one
+ * subtransaction more than the statement alone.
  *
  * The background worker runs each batch in a transaction of its own
  * (worker.c).  The SQL functions run inside the caller's transaction: see
@@ -48,19 +63,17 @@
  */
 #include "postgres.h"
 
-#include "access/genam.h"
-#include "access/htup_details.h"
-#include "access/table.h"
-#include "catalog/indexing.h"
-#include "catalog/pg_extension.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -70,14 +83,54 @@
 PG_FUNCTION_INFO_V1(idem_expire_leases);
 PG_FUNCTION_INFO_V1(idem_cleanup);
 
+/* The number of parameters of every maintenance statement. */
+#define PASS_NARGS	3
+
+/*
+ * The kept plans of one pass, all taking ($1 timestamptz cutoff,
+ * $2 integer limit, $3 bigint[] ids):
+ *	 batch: change at most $2 rows, leaving out the ids $3
+ *	 pick:  lock and return the ids the batch would change
+ *	 one:   change the rows whose ids are $3 (picked and locked already)
+ */
+typedef struct PassPlans
+{
+	SPIPlanPtr	batch;
+	SPIPlanPtr	pick;
+	SPIPlanPtr	one;
+} PassPlans;
+
+/* What tells the passes apart. */
+typedef struct PassDef
+{
+	const char *name;			/* for messages */
+	int			expected;		/* SPI result of batch and one */
+} PassDef;
+
+static const PassDef pass_defs[IDEM_NUM_PASSES] = {
+	[IDEM_PASS_LEASES] = {"lease expiry", SPI_OK_UPDATE},
+	[IDEM_PASS_CLEANUP] = {"cleanup", SPI_OK_DELETE},
+};
+
 /* The kept plans, and the extension and schema they were prepared for. */
-static SPIPlanPtr lease_plan = NULL;
-static SPIPlanPtr cleanup_plan = NULL;
+static PassPlans plans[IDEM_NUM_PASSES];
 static Oid	plans_extoid = InvalidOid;
 static Oid	plans_nspoid = InvalidOid;
+static char *plans_nspname = NULL;
 
+static void free_pass_plans(PassPlans *pp);
+static void prepare_pass_plans(PassPlans *pp, const char *action,
+							   const char *selection);
 static SPIPlanPtr prepare_kept_plan(const char *query);
-static int64 run_batch(SPIPlanPtr plan, TimestampTz cutoff, int limit, int expected);
+static TimestampTz pass_cutoff(IdemPass pass);
+static Datum ids_array(const int64 *ids, int n);
+static uint64 execute_pass_plan(SPIPlanPtr plan, Datum *values, int expected);
+static bool execute_in_subtransaction(SPIPlanPtr plan, Datum *values,
+									  int expected, uint64 *processed,
+									  ErrorData **edata);
+static bool error_concerns_rows(int sqlerrcode);
+static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
+static void skip_record(IdemPassRun *run, int64 id, ErrorData *edata);
 static int	positive_argument(FunctionCallInfo fcinfo, int argno,
 							  const char *name, int setting);
 
@@ -103,88 +156,149 @@ idem_installed_extension(void)
 }
 
 /*
+ * Free the plans of one pass.
+ */
+static void
+free_pass_plans(PassPlans *pp)
+{
+	if (pp->batch != NULL)
+		SPI_freeplan(pp->batch);
+	if (pp->pick != NULL)
+		SPI_freeplan(pp->pick);
+	if (pp->one != NULL)
+		SPI_freeplan(pp->one);
+	memset(pp, 0, sizeof(PassPlans));
+}
+
+/*
  * Free the kept plans, so that the next idem_maintenance_prepare() builds
  * new ones.  Called when the extension is gone.
  */
 void
 idem_maintenance_forget(void)
 {
-	if (lease_plan != NULL)
-		SPI_freeplan(lease_plan);
-	if (cleanup_plan != NULL)
-		SPI_freeplan(cleanup_plan);
-	lease_plan = NULL;
-	cleanup_plan = NULL;
+	int			i;
+
+	for (i = 0; i < IDEM_NUM_PASSES; i++)
+		free_pass_plans(&plans[i]);
 	plans_extoid = InvalidOid;
 	plans_nspoid = InvalidOid;
+	if (plans_nspname != NULL)
+		pfree(plans_nspname);
+	plans_nspname = NULL;
 }
 
 /*
  * Make sure the plans of both passes are prepared for the given installed
  * extension.  Must be called in a transaction, with SPI connected.
+ *
+ * The new plans are published only once all of them are prepared: an error
+ * half-way (a cancel, say) frees what was built and leaves no plans, so the
+ * next call starts again.
  */
 void
 idem_maintenance_prepare(Oid extoid)
 {
 	Oid			nspoid = idem_extension_schema(extoid);
+	char	   *nspname = get_namespace_name(nspoid);
+	PassPlans	built[IDEM_NUM_PASSES];
 	const char *nsp;
 
-	if (lease_plan != NULL && extoid == plans_extoid && nspoid == plans_nspoid)
+	if (plans[IDEM_PASS_LEASES].batch != NULL && extoid == plans_extoid &&
+		nspoid == plans_nspoid && nspname != NULL &&
+		strcmp(nspname, plans_nspname) == 0)
 		return;
 
 	idem_maintenance_forget();
-
-	nsp = quote_identifier(get_namespace_name(nspoid));
+	if (nspname == NULL)
+		elog(ERROR, "schema %u of extension \"%s\" not found", nspoid,
+			 IDEM_EXTENSION_NAME);
+	nsp = quote_identifier(nspname);
+	memset(built, 0, sizeof(built));
 
 	/*
 	 * Every operator is schema-qualified: the worker runs as a superuser, so
 	 * an operator someone created in a schema on the search_path must never
 	 * be picked instead of pg_catalog's.
 	 */
-	lease_plan = prepare_kept_plan(psprintf(
-		"UPDATE %s.idem_records AS r"
-		"   SET state = CASE WHEN r.on_lease_expiry OPERATOR(pg_catalog.=)"
-		"                         'retry'::%s.idem_lease_policy"
-		"               THEN 'retryable'::%s.idem_state"
-		"               ELSE 'unknown'::%s.idem_state END,"
-		"       updated_at = $1,"
-		"       expires_at = $1 OPERATOR(pg_catalog.+) r.ttl"
-		" WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY("
-		"          SELECT l.id FROM %s.idem_records AS l"
-		"           WHERE l.state OPERATOR(pg_catalog.=) 'processing'::%s.idem_state"
-		"             AND l.locked_until OPERATOR(pg_catalog.<) $1"
-		"           ORDER BY l.locked_until"
-		"           LIMIT $2"
-		"           FOR UPDATE SKIP LOCKED))",
-		nsp, nsp, nsp, nsp, nsp, nsp));
+	PG_TRY();
+	{
+		prepare_pass_plans(&built[IDEM_PASS_LEASES],
+						   psprintf(
+			"UPDATE %s.idem_records AS r"
+			"   SET state = CASE WHEN r.on_lease_expiry OPERATOR(pg_catalog.=)"
+			"                         'retry'::%s.idem_lease_policy"
+			"               THEN 'retryable'::%s.idem_state"
+			"               ELSE 'unknown'::%s.idem_state END,"
+			"       updated_at = $1,"
+			"       expires_at = $1 OPERATOR(pg_catalog.+) r.ttl"
+			" WHERE r.id OPERATOR(pg_catalog.=) ANY ",
+			nsp, nsp, nsp, nsp),
+						   psprintf(
+			"SELECT l.id FROM %s.idem_records AS l"
+			" WHERE l.state OPERATOR(pg_catalog.=) 'processing'::%s.idem_state"
+			"   AND l.locked_until OPERATOR(pg_catalog.<) $1"
+			"   AND l.id OPERATOR(pg_catalog.<>) ALL ($3)"
+			" ORDER BY l.locked_until"
+			" LIMIT $2"
+			" FOR UPDATE SKIP LOCKED",
+			nsp, nsp));
 
-	cleanup_plan = prepare_kept_plan(psprintf(
-		"DELETE FROM %s.idem_records AS r"
-		" WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY("
-		"          SELECT c.id FROM %s.idem_records AS c"
-		"           WHERE c.state OPERATOR(pg_catalog.=) ANY"
-		"                 ('{succeeded,failed,retryable}'::%s.idem_state[])"
-		"             AND c.expires_at OPERATOR(pg_catalog.<) $1"
-		"           ORDER BY c.expires_at"
-		"           LIMIT $2"
-		"           FOR UPDATE SKIP LOCKED))",
-		nsp, nsp, nsp));
+		prepare_pass_plans(&built[IDEM_PASS_CLEANUP],
+						   psprintf(
+			"DELETE FROM %s.idem_records AS r"
+			" WHERE r.id OPERATOR(pg_catalog.=) ANY ",
+			nsp),
+						   psprintf(
+			"SELECT c.id FROM %s.idem_records AS c"
+			" WHERE c.state OPERATOR(pg_catalog.=) ANY"
+			"       ('{succeeded,failed,retryable}'::%s.idem_state[])"
+			"   AND c.expires_at OPERATOR(pg_catalog.<) $1"
+			"   AND c.id OPERATOR(pg_catalog.<>) ALL ($3)"
+			" ORDER BY c.expires_at"
+			" LIMIT $2"
+			" FOR UPDATE SKIP LOCKED",
+			nsp, nsp));
+	}
+	PG_CATCH();
+	{
+		free_pass_plans(&built[IDEM_PASS_LEASES]);
+		free_pass_plans(&built[IDEM_PASS_CLEANUP]);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 
+	memcpy(plans, built, sizeof(plans));
 	plans_extoid = extoid;
 	plans_nspoid = nspoid;
+	plans_nspname = MemoryContextStrdup(TopMemoryContext, nspname);
 }
 
 /*
- * Prepare a statement taking (timestamptz, integer) and keep its plan for
- * the life of the process.
+ * Prepare the three plans of a pass from its action (an UPDATE or DELETE
+ * ending in "WHERE r.id = ANY ") and its selection (the locking SELECT of
+ * the ids).  The plans already prepared stay in *pp when an error ends
+ * this half-way, for the caller to free.
+ */
+static void
+prepare_pass_plans(PassPlans *pp, const char *action, const char *selection)
+{
+	pp->batch = prepare_kept_plan(psprintf("%s(ARRAY(%s))", action, selection));
+	pp->pick = prepare_kept_plan(selection);
+	pp->one = prepare_kept_plan(psprintf("%s($3)", action));
+}
+
+/*
+ * Prepare a statement taking (timestamptz, integer, bigint[]) and keep its
+ * plan for the life of the process.
  */
 static SPIPlanPtr
 prepare_kept_plan(const char *query)
 {
-	Oid			argtypes[2] = {TIMESTAMPTZOID, INT4OID};
+	Oid			argtypes[PASS_NARGS] = {TIMESTAMPTZOID, INT4OID, INT8ARRAYOID};
 	SPIPlanPtr	plan;
 
-	plan = SPI_prepare(query, 2, argtypes);
+	plan = SPI_prepare(query, PASS_NARGS, argtypes);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 			 query, SPI_result_code_string(SPI_result));
@@ -195,52 +309,254 @@ prepare_kept_plan(const char *query)
 }
 
 /*
- * Run one of the kept plans with its two parameters and return the number
- * of rows it changed.
+ * Start a run of a pass: one or more batches that share the list of the
+ * records they skipped.  The list lives in the current memory context,
+ * which must outlast the run's transactions.
+ */
+void
+idem_pass_begin(IdemPassRun *run, IdemPass pass)
+{
+	memset(run, 0, sizeof(IdemPassRun));
+	run->pass = pass;
+	run->context = CurrentMemoryContext;
+}
+
+/*
+ * The clock for the lease pass (not the transaction start: a lease ends
+ * when the clock says so), less idempotency.cleanup_grace for cleanup.
+ */
+static TimestampTz
+pass_cutoff(IdemPass pass)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (pass == IDEM_PASS_LEASES)
+		return now;
+	return TimestampTzPlusMilliseconds(now,
+									   -((int64) idem_cleanup_grace_s) * 1000);
+}
+
+/*
+ * A bigint[] of the given ids.
+ */
+static Datum
+ids_array(const int64 *ids, int n)
+{
+	Datum	   *elems = palloc(sizeof(Datum) * Max(n, 1));
+	int			i;
+
+	for (i = 0; i < n; i++)
+		elems[i] = Int64GetDatum(ids[i]);
+	return PointerGetDatum(construct_array(elems, n, INT8OID, sizeof(int64),
+										   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+}
+
+/*
+ * One batch of a pass: change at most limit rows, leaving out the records
+ * the run skipped so far.  Returns the number of rows changed; *more says
+ * whether the batch found limit rows to work on (changed or skipped), so
+ * that another batch may find more.  Must be called in a transaction with
+ * SPI connected and the plans prepared.
+ */
+int64
+idem_pass_batch(IdemPassRun *run, int limit, bool *more)
+{
+	const PassDef *def = &pass_defs[run->pass];
+	Datum		values[PASS_NARGS];
+	uint64		processed;
+	ErrorData  *edata;
+	int			picked;
+	int64		changed;
+
+	Assert(plans[run->pass].batch != NULL);
+	values[0] = TimestampTzGetDatum(pass_cutoff(run->pass));
+	values[1] = Int32GetDatum(limit);
+	values[2] = ids_array(run->skipped, run->nskipped);
+
+	if (execute_in_subtransaction(plans[run->pass].batch, values,
+								  def->expected, &processed, &edata))
+	{
+		*more = (processed >= (uint64) limit);
+		return (int64) processed;
+	}
+
+	/* a row of the batch failed: find it, and do the others */
+	FreeErrorData(edata);
+	changed = redo_row_by_row(run, values, &picked);
+	*more = (picked >= limit);
+	return changed;
+}
+
+/*
+ * Lock the rows of the batch that failed and change them one by one, each
+ * in a subtransaction of its own, skipping those that fail.  The rows are
+ * locked in the calling (sub)transaction, so that they stay locked by us
+ * whatever happens to the subtransactions.  Returns the number of rows
+ * changed, and the number of rows picked in *picked.
  */
 static int64
-run_batch(SPIPlanPtr plan, TimestampTz cutoff, int limit, int expected)
+redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 {
-	Datum		values[2];
+	const PassDef *def = &pass_defs[run->pass];
+	int64	   *ids;
+	int64		changed = 0;
+	int			n;
+	int			i;
 	int			ret;
 
-	values[0] = TimestampTzGetDatum(cutoff);
-	values[1] = Int32GetDatum(limit);
+	ret = SPI_execute_plan(plans[run->pass].pick, values, NULL, false, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "idempotency maintenance statement failed: %s",
+			 SPI_result_code_string(ret));
+	n = (int) SPI_processed;
+	ids = palloc(sizeof(int64) * Max(n, 1));
+	for (i = 0; i < n; i++)
+	{
+		bool		isnull;
 
-	ret = SPI_execute_plan(plan, values, NULL, false, 0);
+		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+											 SPI_tuptable->tupdesc, 1,
+											 &isnull));
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	for (i = 0; i < n; i++)
+	{
+		uint64		processed;
+		ErrorData  *edata;
+
+		CHECK_FOR_INTERRUPTS();
+		values[2] = ids_array(&ids[i], 1);
+		if (execute_in_subtransaction(plans[run->pass].one, values,
+									  def->expected, &processed, &edata))
+			changed += (int64) processed;
+		else
+			skip_record(run, ids[i], edata);
+	}
+
+	*picked = n;
+	return changed;
+}
+
+/*
+ * Report a record that could not be processed and add it to the run's
+ * list of skipped records.  The message names the record by its id only:
+ * the error's detail, which may quote the row (a key among it), is left
+ * out.
+ */
+static void
+skip_record(IdemPassRun *run, int64 id, ErrorData *edata)
+{
+	const PassDef *def = &pass_defs[run->pass];
+	MemoryContext oldcontext;
+
+	ereport(WARNING,
+			(errcode(edata->sqlerrcode),
+			 errmsg("idempotency %s skipped record %lld: %s",
+					def->name, (long long) id, edata->message),
+			 errdetail("The record is left as it is and tried again by the next pass; the other records are processed.")));
+
+	oldcontext = MemoryContextSwitchTo(run->context);
+	if (run->nskipped >= run->maxskipped)
+	{
+		run->maxskipped = Max(16, run->maxskipped * 2);
+		run->skipped = run->skipped == NULL
+			? palloc(sizeof(int64) * run->maxskipped)
+			: repalloc(run->skipped, sizeof(int64) * run->maxskipped);
+	}
+	run->skipped[run->nskipped++] = id;
+	if (run->last_skip != NULL)
+		pfree(run->last_skip);
+	run->last_skip = psprintf("%s skipped record %lld: %s", def->name,
+							  (long long) id, edata->message);
+	MemoryContextSwitchTo(oldcontext);
+	FreeErrorData(edata);
+}
+
+/*
+ * Run a plan and return the number of rows it changed.
+ */
+static uint64
+execute_pass_plan(SPIPlanPtr plan, Datum *values, int expected)
+{
+	int			ret = SPI_execute_plan(plan, values, NULL, false, 0);
+
 	if (ret != expected)
 		elog(ERROR, "idempotency maintenance statement failed: %s",
 			 SPI_result_code_string(ret));
-
-	return (int64) SPI_processed;
+	return SPI_processed;
 }
 
 /*
- * Lease pass: expire at most max_rows leases that ended before now.
- * Must be called with SPI connected and the plans prepared.
+ * Run a plan in a subtransaction of its own.  Returns true, with the number
+ * of rows changed in *processed, when it succeeded.  Returns false, with a
+ * copy of the error in *edata and the subtransaction rolled back, when it
+ * failed with an error that concerns the rows it touched; any other error
+ * is raised again.  As PL/pgSQL's exception blocks do.
  */
-int64
-idem_expire_leases_batch(int max_rows)
+static bool
+execute_in_subtransaction(SPIPlanPtr plan, Datum *values, int expected,
+						  uint64 *processed, ErrorData **edata)
 {
-	Assert(lease_plan != NULL);
-	return run_batch(lease_plan, GetCurrentTimestamp(), max_rows,
-					 SPI_OK_UPDATE);
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	volatile bool ok = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+	PG_TRY();
+	{
+		*processed = execute_pass_plan(plan, values, expected);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		ok = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *e;
+
+		MemoryContextSwitchTo(oldcontext);
+		e = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+
+		if (!error_concerns_rows(e->sqlerrcode))
+			ReThrowError(e);
+		*edata = e;
+	}
+	PG_END_TRY();
+
+	return ok;
 }
 
 /*
- * One cleanup batch: delete at most batch_size terminal records that
- * expired more than idempotency.cleanup_grace ago.  Must be called with SPI
- * connected and the plans prepared.
+ * Whether an error may come from the rows a statement touched (bad data, a
+ * constraint, a trigger), so that doing the rows one by one can tell the
+ * bad ones from the good.  A cancel, a shutdown, a lock or statement
+ * timeout, a deadlock, a missing privilege or object, a lack of memory or
+ * disk are no row's fault: they end the pass as they are.
  */
-int64
-idem_cleanup_batch(int batch_size)
+static bool
+error_concerns_rows(int sqlerrcode)
 {
-	TimestampTz cutoff;
-
-	Assert(cleanup_plan != NULL);
-	cutoff = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-										 -((int64) idem_cleanup_grace_s) * 1000);
-	return run_batch(cleanup_plan, cutoff, batch_size, SPI_OK_DELETE);
+	switch (ERRCODE_TO_CATEGORY(sqlerrcode))
+	{
+		case ERRCODE_CONNECTION_EXCEPTION:
+		case ERRCODE_TRANSACTION_ROLLBACK:
+		case ERRCODE_SYNTAX_ERROR_OR_ACCESS_RULE_VIOLATION:
+		case ERRCODE_INSUFFICIENT_RESOURCES:
+		case ERRCODE_PROGRAM_LIMIT_EXCEEDED:
+		case ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE:
+		case ERRCODE_OPERATOR_INTERVENTION:
+		case ERRCODE_SYSTEM_ERROR:
+		case ERRCODE_INTERNAL_ERROR:
+			return false;
+		default:
+			return true;
+	}
 }
 
 /*
@@ -291,17 +607,25 @@ connect_and_prepare(void)
  *
  * The lease pass, once, in the caller's transaction: at most max_rows
  * leases (idempotency.cleanup_batch_size when NULL).  Returns how many
- * records moved to unknown or retryable.
+ * records moved to unknown or retryable.  Records that cannot be changed
+ * are skipped with a WARNING and do not count against max_rows.
  */
 Datum
 idem_expire_leases(PG_FUNCTION_ARGS)
 {
 	int			max_rows = positive_argument(fcinfo, 0, "max_rows",
 											 idem_cleanup_batch_size);
-	int64		expired;
+	IdemPassRun run;
+	int64		expired = 0;
+	bool		more = true;
 
+	idem_pass_begin(&run, IDEM_PASS_LEASES);
 	connect_and_prepare();
-	expired = idem_expire_leases_batch(max_rows);
+	while (more && expired < max_rows)
+	{
+		expired += idem_pass_batch(&run, (int) (max_rows - expired), &more);
+		CHECK_FOR_INTERRUPTS();
+	}
 	SPI_finish();
 
 	PG_RETURN_INT64(expired);
@@ -317,7 +641,7 @@ idem_expire_leases(PG_FUNCTION_ARGS)
  * row stays locked until the caller's transaction ends: to drain a large
  * backlog from SQL, call it repeatedly with a small max_batches, each call
  * in its own transaction (as pg_cron does).  Returns how many records were
- * deleted.
+ * deleted; records that cannot be deleted are skipped with a WARNING.
  */
 Datum
 idem_cleanup(PG_FUNCTION_ARGS)
@@ -326,17 +650,16 @@ idem_cleanup(PG_FUNCTION_ARGS)
 											   idem_cleanup_batch_size);
 	int			max_batches = positive_argument(fcinfo, 1, "max_batches",
 												idem_cleanup_max_batches);
+	IdemPassRun run;
 	int64		deleted = 0;
+	bool		more = true;
 	int			i;
 
+	idem_pass_begin(&run, IDEM_PASS_CLEANUP);
 	connect_and_prepare();
-	for (i = 0; i < max_batches; i++)
+	for (i = 0; i < max_batches && more; i++)
 	{
-		int64		n = idem_cleanup_batch(batch_size);
-
-		deleted += n;
-		if (n < batch_size)
-			break;
+		deleted += idem_pass_batch(&run, batch_size, &more);
 		CHECK_FOR_INTERRUPTS();
 	}
 	SPI_finish();

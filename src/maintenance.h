@@ -10,10 +10,33 @@
 #ifndef IDEM_MAINTENANCE_H
 #define IDEM_MAINTENANCE_H
 
+/* The two passes. */
+typedef enum IdemPass
+{
+	IDEM_PASS_LEASES,
+	IDEM_PASS_CLEANUP,
+	IDEM_NUM_PASSES
+} IdemPass;
+
+/*
+ * One run of a pass, over one or more batches (and transactions): the
+ * records it skipped because they could not be processed, left out of its
+ * later batches.
+ */
+typedef struct IdemPassRun
+{
+	IdemPass	pass;
+	MemoryContext context;		/* holds what follows */
+	int64	   *skipped;		/* ids of the records skipped */
+	int			nskipped;
+	int			maxskipped;
+	char	   *last_skip;		/* message about the last one, or NULL */
+} IdemPassRun;
+
 extern Oid	idem_installed_extension(void);
 extern void idem_maintenance_prepare(Oid extoid);
 extern void idem_maintenance_forget(void);
-extern int64 idem_expire_leases_batch(int max_rows);
-extern int64 idem_cleanup_batch(int batch_size);
+extern void idem_pass_begin(IdemPassRun *run, IdemPass pass);
+extern int64 idem_pass_batch(IdemPassRun *run, int limit, bool *more);
 
 #endif							/* IDEM_MAINTENANCE_H */

@@ -1,41 +1,55 @@
 /*-------------------------------------------------------------------------
  *
  * worker.c
- *	  Background processes of the idempotency extension: a launcher and one
- *	  worker per database, plus idem_launch_worker().
+ *	  Background processes of the idempotency extension: launchers that
+ *	  schedule the cycles, one short-lived worker process per cycle, and
+ *	  idem_launch_worker().
  *
  * Design
  *
  * When the library is in shared_preload_libraries and idempotency.database
  * names at least one database, _PG_init registers one static "idempotency
  * launcher".  The launcher connects to no database (like the logical
- * replication launcher); it reads the shared catalog pg_database and starts
- * one dynamic "idempotency worker" per listed database that exists.  A
- * listed database that does not exist gets one LOG line and is looked for
- * again every few seconds, so a typo or a database created later never
- * turns into a crash loop that floods the log.  The launcher is notified
- * when one of its workers exits and starts it again, at most once every
- * IDEM_RESTART_DELAY_MS.  The launcher itself is restarted by the
- * postmaster (bgw_restart_time); after a crash of any backend the postmaster
- * restarts it at once, and it starts the workers again.
+ * replication launcher and the autovacuum launcher): it reads the shared
+ * catalog pg_database only.  For each database listed (each name once),
+ * every idempotency.naptime, it starts a dynamic "idempotency worker" that
+ * connects to that database, runs one cycle and exits.  So between cycles
+ * no process of ours is connected to the database, and ALTER DATABASE ...
+ * RENAME, CREATE DATABASE ... TEMPLATE and DROP DATABASE by its owner work
+ * as in a database without the extension; a cycle that is running when one
+ * of them starts is waited for (they wait up to 5 seconds for other
+ * sessions to leave), and a cycle that would start meanwhile waits for the
+ * command's lock on the database.  A fresh process per cycle also means
+ * that nothing a cycle cached (kept plans, the schema's name) can outlive a
+ * change to the database.
  *
- * A worker serves one database.  Each cycle it runs the lease pass and then
- * the cleanup pass of maintenance.c, every batch in a transaction of its own,
- * then sleeps idempotency.naptime on its latch.  While the extension is not
- * installed in its database it says so once in the log and keeps checking
- * every naptime, which also covers DROP EXTENSION and a later CREATE
- * EXTENSION.  An error inside a cycle is caught, logged, kept in the status
- * (worker_status.c) and the worker goes on with the next cycle.
+ * A listed database that does not exist, or does not allow connections
+ * (ALLOW_CONNECTIONS false), is logged once and looked at again every few
+ * seconds, never turned into a crash loop or a FATAL every cycle.  After a
+ * cycle process that failed (it did not end its cycle), the next starts
+ * IDEM_RESTART_DELAY_MS later at the earliest, whatever the naptime.  The
+ * launcher itself is restarted by the postmaster (bgw_restart_time); after
+ * a crash of any backend the postmaster restarts it at once.
  *
- * idem_launch_worker() starts a worker for the current database from SQL,
- * without a restart, as contrib/pg_prewarm's autoprewarm_start_worker()
- * does.  Such a worker is not supervised by the launcher: it lasts until it
- * is terminated or the server stops or crashes.
+ * A cycle runs the lease pass and then the cleanup pass of maintenance.c,
+ * every batch in a transaction of its own, each pass catching its own
+ * error: an error is logged, kept in the status (worker_status.c) and the
+ * pass runs again in the next cycle.  While the extension is not installed
+ * in the database, the cycle says so once in the log (the status slot
+ * remembers it across cycle processes), which also covers DROP EXTENSION
+ * and a later CREATE EXTENSION.
  *
- * At most one worker serves a database: a worker claims its database's
- * status slot when it starts and exits quietly when another worker holds
- * it.  Launcher and workers start only once recovery has finished, so they
- * never run on a standby.
+ * idem_launch_worker() starts, from SQL and without a restart, a launcher
+ * for the current database only, as contrib/pg_prewarm's
+ * autoprewarm_start_worker() starts its worker.  It serves the database by
+ * its OID (a rename does not matter to it) and is not supervised: it lasts
+ * until it is terminated, the database is dropped, or the server stops or
+ * crashes.
+ *
+ * At most one launcher serves a database: it claims the database's status
+ * slot before it starts cycles there, and a launcher that finds the slot
+ * taken leaves the database alone.  Launchers and workers start only once
+ * recovery has finished, so they never run on a standby.
  *
  *-------------------------------------------------------------------------
  */
@@ -51,6 +65,7 @@
 #include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -58,6 +73,7 @@
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -71,67 +87,79 @@
 
 /* seconds before the postmaster restarts a launcher that failed */
 #define IDEM_LAUNCHER_RESTART_S		5
-/* launcher: how often it looks at its workers and the missing databases */
+/* launcher: longest sleep between two looks at its databases */
 #define IDEM_LAUNCHER_NAPTIME_MS	1000
-/* launcher: least time between two starts of one database's worker */
+/*
+ * launcher: least time between a failed cycle process and the next, and
+ * between two looks at a database that is missing, refuses connections or
+ * is served by another process
+ */
 #define IDEM_RESTART_DELAY_MS		5000
 
 #define IDEM_LAUNCHER_NAME			"idempotency launcher"
 #define IDEM_WORKER_TYPE			"idempotency worker"
 
-/* The launcher's view of one database named in idempotency.database. */
+/* The launcher's view of one database it serves. */
 typedef struct LauncherEntry
 {
-	char	   *dbname;
-	BackgroundWorkerHandle *handle; /* the worker it started, if any */
-	TimestampTz last_attempt;	/* when it last tried to start one */
+	char	   *dbname;			/* as listed; the current name when by OID */
+	Oid			fixed_oid;		/* served by OID (idem_launch_worker) */
+	Oid			dboid;			/* the database found, whose slot we hold */
+	BackgroundWorkerHandle *handle; /* the cycle process running, if any */
+	TimestampTz next_cycle;		/* when the next cycle may start */
+	bool		rerun;			/* settings reloaded while a cycle ran */
 	bool		reported_missing;	/* LOG said the database does not exist */
+	bool		reported_noconn;	/* LOG said it refuses connections */
 	bool		reported_no_slot;	/* LOG said there is no worker slot */
 } LauncherEntry;
 
-/* The two passes of a cycle. */
-typedef enum IdemPass
+/* What the launcher found of a database in pg_database. */
+typedef struct DatabaseInfo
 {
-	IDEM_PASS_LEASES,
-	IDEM_PASS_CLEANUP
-} IdemPass;
+	Oid			oid;			/* InvalidOid when there is none */
+	bool		allow_connections;
+	NameData	name;
+} DatabaseInfo;
 
 PGDLLEXPORT void idem_launcher_main(Datum main_arg);
 PGDLLEXPORT void idem_worker_main(Datum main_arg);
 
 PG_FUNCTION_INFO_V1(idem_launch_worker);
 
-/* In a worker: the name of its database, for log messages. */
+/* In a cycle process: the name of its database, for log messages. */
 static char *worker_dbname = NULL;
-
-/* In a worker: whether the "waiting for the extension" line was logged. */
-static bool reported_waiting = false;
 
 static List *database_list(bool report);
 static void init_worker(BackgroundWorker *worker, const char *function,
 						int restart_time);
-static bool start_worker(Oid dboid, const char *dbname, pid_t notify_pid,
-						 BackgroundWorkerHandle **handle);
-static void launcher_pass(LauncherEntry *entries, int nentries);
-static Oid	lookup_database(const char *dbname);
+static bool start_process(const char *function, Oid dboid, const char *name,
+						  const char *type, BackgroundWorkerHandle **handle);
+static int	launcher_entries(Oid fixed_oid, LauncherEntry **entries);
+static long launcher_pass(LauncherEntry *entries, int nentries);
+static long serve_database(LauncherEntry *e, TimestampTz now);
+static void lookup_database(const char *dbname, Oid dboid, DatabaseInfo *info);
 static char *settings_summary(void);
 static bool settings_changed(void);
+static void launcher_shmem_exit(int code, Datum arg);
 static void worker_shmem_exit(int code, Datum arg);
 static void run_cycle(MemoryContext cycle_context);
 static bool run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress);
-static int64 run_batch_transaction(IdemPass pass, int limit);
-static void report_cycle_error(MemoryContext cycle_context);
+static int64 run_batch_transaction(IdemPassRun *run, int limit, bool *more);
+static void report_pass_error(IdemPass pass, MemoryContext cycle_context);
 
 /*
- * The databases named in idempotency.database, as a list of palloc'd
- * strings (names are case-sensitive; double quotes are allowed).  NIL, with
- * a LOG line when report is true, when the list cannot be parsed.
+ * The databases named in idempotency.database, each name once, as a list
+ * of palloc'd strings (names are case-sensitive; double quotes are
+ * allowed).  NIL, with a LOG line when report is true, when the list cannot
+ * be parsed.
  */
 static List *
 database_list(bool report)
 {
 	char	   *raw;
 	List	   *names = NIL;
+	List	   *unique = NIL;
+	ListCell   *lc;
 
 	if (idem_worker_databases == NULL)
 		return NIL;
@@ -148,7 +176,29 @@ database_list(bool report)
 		return NIL;
 	}
 
-	return names;
+	/* a name listed twice is served once */
+	foreach(lc, names)
+	{
+		char	   *name = (char *) lfirst(lc);
+		ListCell   *seen;
+		bool		duplicate = false;
+
+		foreach(seen, unique)
+			duplicate |= (strcmp((char *) lfirst(seen), name) == 0);
+		if (!duplicate)
+			unique = lappend(unique, name);
+	}
+
+	return unique;
+}
+
+/*
+ * How many databases idempotency.database names, each counted once.
+ */
+int
+idem_worker_database_count(void)
+{
+	return list_length(database_list(false));
 }
 
 /*
@@ -166,13 +216,15 @@ idem_register_workers(void)
 	init_worker(&worker, "idem_launcher_main", IDEM_LAUNCHER_RESTART_S);
 	strlcpy(worker.bgw_name, IDEM_LAUNCHER_NAME, BGW_MAXLEN);
 	strlcpy(worker.bgw_type, IDEM_LAUNCHER_NAME, BGW_MAXLEN);
+	worker.bgw_main_arg = ObjectIdGetDatum(InvalidOid);
 
 	RegisterBackgroundWorker(&worker);
 }
 
 /*
- * What the launcher and the workers have in common: a database connection,
- * started once recovery has finished, running a function of this library.
+ * What the launchers and the workers have in common: a database connection
+ * (to no database for the launchers), started once recovery has finished,
+ * running a function of this library.
  */
 static void
 init_worker(BackgroundWorker *worker, const char *function, int restart_time)
@@ -187,36 +239,39 @@ init_worker(BackgroundWorker *worker, const char *function, int restart_time)
 }
 
 /*
- * Register a dynamic worker for one database.  Returns false when no
- * background worker slot is free.
+ * Register a dynamic process for one database, never restarted, that tells
+ * this process when it starts and exits.  Returns false when no background
+ * worker slot is free.
  */
 static bool
-start_worker(Oid dboid, const char *dbname, pid_t notify_pid,
-			 BackgroundWorkerHandle **handle)
+start_process(const char *function, Oid dboid, const char *name,
+			  const char *type, BackgroundWorkerHandle **handle)
 {
 	BackgroundWorker worker;
 
-	init_worker(&worker, "idem_worker_main", BGW_NEVER_RESTART);
-	snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency worker for database %s",
-			 dbname);
-	strlcpy(worker.bgw_type, IDEM_WORKER_TYPE, BGW_MAXLEN);
+	init_worker(&worker, function, BGW_NEVER_RESTART);
+	snprintf(worker.bgw_name, BGW_MAXLEN, "%s for database %s", type, name);
+	strlcpy(worker.bgw_type, type, BGW_MAXLEN);
 	worker.bgw_main_arg = ObjectIdGetDatum(dboid);
-	worker.bgw_notify_pid = notify_pid;
+	worker.bgw_notify_pid = MyProcPid;
 
 	return RegisterDynamicBackgroundWorker(&worker, handle);
 }
 
 /*
- * Entry point of the launcher.
+ * Entry point of a launcher: the static one (main_arg InvalidOid) serves
+ * the databases of idempotency.database; one started by
+ * idem_launch_worker() serves the database whose OID is main_arg.
  */
 void
-idem_launcher_main(Datum main_arg pg_attribute_unused())
+idem_launcher_main(Datum main_arg)
 {
+	Oid			fixed_oid = DatumGetObjectId(main_arg);
 	MemoryContext pass_context;
 	LauncherEntry *entries;
-	List	   *names;
-	ListCell   *lc;
-	int			nentries = 0;
+	int			nentries;
+	StringInfoData served;
+	int			i;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -226,15 +281,18 @@ idem_launcher_main(Datum main_arg pg_attribute_unused())
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 	pgstat_report_appname(IDEM_LAUNCHER_NAME);
 	idem_status_attach();
+	before_shmem_exit(launcher_shmem_exit, (Datum) 0);
 
-	names = database_list(false);
-	entries = palloc0(sizeof(LauncherEntry) * Max(list_length(names), 1));
-	foreach(lc, names)
-		entries[nentries++].dbname = pstrdup((char *) lfirst(lc));
-
+	nentries = launcher_entries(fixed_oid, &entries);
+	settings_changed();
+	initStringInfo(&served);
+	for (i = 0; i < nentries; i++)
+		appendStringInfo(&served, "%s%s", i > 0 ? ", " : "",
+						 quote_identifier(entries[i].dbname));
 	ereport(LOG,
 			(errmsg("idempotency launcher started"),
-			 errdetail("Databases served: %s.", idem_worker_databases)));
+			 errdetail_internal("Databases served: %s; %s", served.data,
+								settings_summary())));
 
 	pass_context = AllocSetContextCreate(TopMemoryContext,
 										 "idempotency launcher pass",
@@ -242,127 +300,243 @@ idem_launcher_main(Datum main_arg pg_attribute_unused())
 	for (;;)
 	{
 		MemoryContext oldcontext;
+		long		sleep_ms;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			if (settings_changed())
+			{
+				ereport(LOG,
+						(errmsg("idempotency launcher reloaded its settings"),
+						 errdetail_internal("%s", settings_summary())));
+				/*
+				 * A cycle now (after the one running, if any), then the
+				 * new naptime.
+				 */
+				for (i = 0; i < nentries; i++)
+				{
+					entries[i].next_cycle = 0;
+					entries[i].rerun = true;
+				}
+			}
 		}
 
 		MemoryContextReset(pass_context);
 		oldcontext = MemoryContextSwitchTo(pass_context);
-		launcher_pass(entries, nentries);
+		sleep_ms = launcher_pass(entries, nentries);
 		MemoryContextSwitchTo(oldcontext);
 
+		/* a cycle process that starts or exits sets the latch */
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 IDEM_LAUNCHER_NAPTIME_MS,
+						 sleep_ms,
 						 PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 	}
 }
 
 /*
- * One look of the launcher at every database it serves: start a worker for
- * each one that exists and has none.
+ * The launcher's entries: one per database listed, or the one database of
+ * a launcher started by idem_launch_worker() (which exits when that
+ * database no longer exists).
  */
-static void
-launcher_pass(LauncherEntry *entries, int nentries)
+static int
+launcher_entries(Oid fixed_oid, LauncherEntry **entries)
 {
-	TimestampTz now = GetCurrentTimestamp();
-	int			i;
+	List	   *names;
+	ListCell   *lc;
+	int			n = 0;
 
-	for (i = 0; i < nentries; i++)
+	if (OidIsValid(fixed_oid))
 	{
-		LauncherEntry *e = &entries[i];
-		MemoryContext oldcontext;
-		bool		started;
-		Oid			dboid;
+		DatabaseInfo info;
 
-		if (e->handle != NULL)
-		{
-			pid_t		pid;
-			BgwHandleStatus status = GetBackgroundWorkerPid(e->handle, &pid);
-
-			if (status == BGWH_STARTED || status == BGWH_NOT_YET_STARTED)
-				continue;
-
-			/*
-			 * The worker exited.  Wait IDEM_RESTART_DELAY_MS from now before
-			 * starting another, which also leaves DROP DATABASE ... WITH
-			 * (FORCE) the time to finish.
-			 */
-			pfree(e->handle);
-			e->handle = NULL;
-			e->last_attempt = now;
-			continue;
-		}
-
-		if (!TimestampDifferenceExceeds(e->last_attempt, now,
-										IDEM_RESTART_DELAY_MS))
-			continue;
-		e->last_attempt = now;
-
-		dboid = lookup_database(e->dbname);
-		if (!OidIsValid(dboid))
-		{
-			if (!e->reported_missing)
-				ereport(LOG,
-						(errcode(ERRCODE_UNDEFINED_DATABASE),
-						 errmsg("database \"%s\" named in idempotency.database does not exist",
-								e->dbname),
-						 errdetail("Its idempotency worker starts when the database is created."),
-						 errhint("Check the names listed in idempotency.database.")));
-			e->reported_missing = true;
-			continue;
-		}
-		if (e->reported_missing)
-			ereport(LOG,
-					(errmsg("database \"%s\" named in idempotency.database now exists",
-							e->dbname)));
-		e->reported_missing = false;
-
-		/* a worker started with idem_launch_worker() may serve it already */
-		if (idem_status_running_pid(dboid) != 0)
-			continue;
-
-		/* the handle must outlive this pass */
-		oldcontext = MemoryContextSwitchTo(TopMemoryContext);
-		started = start_worker(dboid, e->dbname, MyProcPid, &e->handle);
-		MemoryContextSwitchTo(oldcontext);
-		if (!started)
-		{
-			e->handle = NULL;
-			if (!e->reported_no_slot)
-				ereport(LOG,
-						(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-						 errmsg("could not start the idempotency worker for database \"%s\"",
-								e->dbname),
-						 errdetail("No background worker slot is free; the launcher tries again."),
-						 errhint("You may need to increase max_worker_processes.")));
-			e->reported_no_slot = true;
-			continue;
-		}
-		e->reported_no_slot = false;
+		lookup_database(NULL, fixed_oid, &info);
+		if (!OidIsValid(info.oid))
+			proc_exit(0);
+		*entries = palloc0(sizeof(LauncherEntry));
+		(*entries)[0].fixed_oid = fixed_oid;
+		(*entries)[0].dbname = pstrdup(NameStr(info.name));
+		return 1;
 	}
+
+	names = database_list(false);
+	*entries = palloc0(sizeof(LauncherEntry) * Max(list_length(names), 1));
+	foreach(lc, names)
+		(*entries)[n++].dbname = pstrdup((char *) lfirst(lc));
+	return n;
 }
 
 /*
- * The OID of a database, or InvalidOid when there is none of that name.
+ * One look of the launcher at every database it serves: start a cycle
+ * where one is due.  Returns how long to sleep until the next is due.
+ */
+static long
+launcher_pass(LauncherEntry *entries, int nentries)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	long		sleep_ms = IDEM_LAUNCHER_NAPTIME_MS;
+	int			i;
+
+	for (i = 0; i < nentries; i++)
+		sleep_ms = Min(sleep_ms, serve_database(&entries[i], now));
+
+	return Max(sleep_ms, 1);
+}
+
+/*
+ * The launcher's work for one database: notice that its cycle process
+ * exited, and start the next cycle when it is due.  Returns the time in ms
+ * until this database needs a look again.
+ */
+static long
+serve_database(LauncherEntry *e, TimestampTz now)
+{
+	DatabaseInfo info;
+	MemoryContext oldcontext;
+	bool		started;
+	int			other_pid;
+
+	if (e->handle != NULL)
+	{
+		pid_t		pid;
+		BgwHandleStatus status = GetBackgroundWorkerPid(e->handle, &pid);
+		int			delay_ms;
+
+		/* its exit sets our latch */
+		if (status == BGWH_STARTED || status == BGWH_NOT_YET_STARTED)
+			return IDEM_LAUNCHER_NAPTIME_MS;
+
+		pfree(e->handle);
+		e->handle = NULL;
+		delay_ms = e->rerun ? 0 : idem_naptime_ms;
+		if (!idem_status_take_cycle_done(e->dboid))
+			delay_ms = Max(delay_ms, IDEM_RESTART_DELAY_MS);
+		e->next_cycle = TimestampTzPlusMilliseconds(now, delay_ms);
+	}
+
+	if (now < e->next_cycle)
+	{
+		long		secs;
+		int			usecs;
+
+		TimestampDifference(now, e->next_cycle, &secs, &usecs);
+		return secs * 1000 + usecs / 1000 + 1;
+	}
+	/* unless a cycle starts below, look again after the restart delay */
+	e->next_cycle = TimestampTzPlusMilliseconds(now, IDEM_RESTART_DELAY_MS);
+
+	lookup_database(OidIsValid(e->fixed_oid) ? NULL : e->dbname, e->fixed_oid,
+					&info);
+	if (OidIsValid(e->dboid) && e->dboid != info.oid)
+	{
+		/* dropped (and maybe created again under the same name) */
+		idem_status_release(e->dboid);
+		e->dboid = InvalidOid;
+	}
+	if (!OidIsValid(info.oid))
+	{
+		if (OidIsValid(e->fixed_oid))
+		{
+			ereport(LOG,
+					(errmsg("idempotency launcher for database \"%s\" exits: the database no longer exists",
+							e->dbname)));
+			proc_exit(0);
+		}
+		if (!e->reported_missing)
+			ereport(LOG,
+					(errcode(ERRCODE_UNDEFINED_DATABASE),
+					 errmsg("database \"%s\" named in idempotency.database does not exist",
+							e->dbname),
+					 errdetail("Its idempotency worker starts when the database is created."),
+					 errhint("Check the names listed in idempotency.database.")));
+		e->reported_missing = true;
+		return IDEM_RESTART_DELAY_MS;
+	}
+	if (e->reported_missing)
+		ereport(LOG,
+				(errmsg("database \"%s\" named in idempotency.database now exists",
+						e->dbname)));
+	e->reported_missing = false;
+
+	if (!info.allow_connections)
+	{
+		if (!e->reported_noconn)
+			ereport(LOG,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("database \"%s\" served by the idempotency worker does not allow connections",
+							NameStr(info.name)),
+					 errdetail("The worker skips it until ALTER DATABASE ... ALLOW_CONNECTIONS true.")));
+		e->reported_noconn = true;
+		return IDEM_RESTART_DELAY_MS;
+	}
+	if (e->reported_noconn)
+		ereport(LOG,
+				(errmsg("database \"%s\" served by the idempotency worker allows connections again",
+						NameStr(info.name))));
+	e->reported_noconn = false;
+
+	/* another launcher may serve it already */
+	if (!idem_status_claim(info.oid, &other_pid))
+	{
+		if (OidIsValid(e->fixed_oid))
+		{
+			ereport(LOG,
+					(errmsg("idempotency launcher for database \"%s\" exits: another process serves this database",
+							e->dbname),
+					 errdetail("The process with PID %d already serves it.",
+							   other_pid)));
+			proc_exit(0);
+		}
+		return IDEM_RESTART_DELAY_MS;
+	}
+	e->dboid = info.oid;
+
+	/* the handle must outlive this pass */
+	oldcontext = MemoryContextSwitchTo(TopMemoryContext);
+	started = start_process("idem_worker_main", info.oid, NameStr(info.name),
+							IDEM_WORKER_TYPE, &e->handle);
+	MemoryContextSwitchTo(oldcontext);
+	if (!started)
+	{
+		e->handle = NULL;
+		if (!e->reported_no_slot)
+			ereport(LOG,
+					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+					 errmsg("could not start the idempotency worker for database \"%s\"",
+							NameStr(info.name)),
+					 errdetail("No background worker slot is free; the launcher tries again."),
+					 errhint("You may need to increase max_worker_processes.")));
+		e->reported_no_slot = true;
+		return IDEM_RESTART_DELAY_MS;
+	}
+	e->reported_no_slot = false;
+	/* this cycle starts with the settings as they are now */
+	e->rerun = false;
+
+	return IDEM_LAUNCHER_NAPTIME_MS;
+}
+
+/*
+ * Look a database up in pg_database by name, or by OID when dbname is
+ * NULL.  info->oid is InvalidOid when there is none.
  *
  * A process connected to no database cannot use catalog indexes, so this
  * reads pg_database sequentially, as the autovacuum launcher's
  * get_database_list() does; the table is small.
  */
-static Oid
-lookup_database(const char *dbname)
+static void
+lookup_database(const char *dbname, Oid dboid, DatabaseInfo *info)
 {
 	MemoryContext pass_context = CurrentMemoryContext;
-	Oid			dboid = InvalidOid;
 	Relation	rel;
 	TableScanDesc scan;
 	HeapTuple	tuple;
+
+	memset(info, 0, sizeof(DatabaseInfo));
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -374,9 +548,12 @@ lookup_database(const char *dbname)
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tuple);
 
-		if (strcmp(NameStr(db->datname), dbname) == 0)
+		if (dbname != NULL ? strcmp(NameStr(db->datname), dbname) == 0
+			: db->oid == dboid)
 		{
-			dboid = db->oid;
+			info->oid = db->oid;
+			info->allow_connections = db->datallowconn;
+			info->name = db->datname;
 			break;
 		}
 	}
@@ -385,78 +562,10 @@ lookup_database(const char *dbname)
 
 	CommitTransactionCommand();
 	MemoryContextSwitchTo(pass_context);
-
-	return dboid;
 }
 
 /*
- * Entry point of the worker of one database, whose OID is main_arg.
- */
-void
-idem_worker_main(Datum main_arg)
-{
-	Oid			dboid = DatumGetObjectId(main_arg);
-	MemoryContext cycle_context;
-	int			other_pid;
-
-	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, die);
-	BackgroundWorkerUnblockSignals();
-
-	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
-	pgstat_report_appname(IDEM_WORKER_TYPE);
-
-	StartTransactionCommand();
-	worker_dbname = MemoryContextStrdup(TopMemoryContext,
-										get_database_name(MyDatabaseId));
-	CommitTransactionCommand();
-
-	if (!idem_status_claim(MyDatabaseId, &other_pid))
-	{
-		ereport(LOG,
-				(errmsg("idempotency worker for database \"%s\" exits: another worker serves this database",
-						worker_dbname),
-				 errdetail("The worker with PID %d already serves it.", other_pid)));
-		proc_exit(0);
-	}
-	before_shmem_exit(worker_shmem_exit, (Datum) 0);
-
-	ereport(LOG,
-			(errmsg("idempotency worker started for database \"%s\"",
-					worker_dbname),
-			 errdetail_internal("%s", settings_summary())));
-	settings_changed();
-
-	cycle_context = AllocSetContextCreate(TopMemoryContext,
-										  "idempotency worker cycle",
-										  ALLOCSET_DEFAULT_SIZES);
-	for (;;)
-	{
-		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-			if (settings_changed())
-				ereport(LOG,
-						(errmsg("idempotency worker for database \"%s\" reloaded its settings",
-								worker_dbname),
-						 errdetail_internal("%s", settings_summary())));
-		}
-
-		MemoryContextReset(cycle_context);
-		run_cycle(cycle_context);
-
-		(void) WaitLatch(MyLatch,
-						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 idem_naptime_ms,
-						 PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-	}
-}
-
-/*
- * The worker's settings, for its log lines.
+ * The worker's settings, for the launcher's log lines.
  */
 static char *
 settings_summary(void)
@@ -489,25 +598,74 @@ settings_changed(void)
 }
 
 /*
- * before_shmem_exit callback of a worker: give up its status slot.
+ * before_shmem_exit callback of a launcher: stop serving its databases.
+ */
+static void
+launcher_shmem_exit(int code pg_attribute_unused(),
+					Datum arg pg_attribute_unused())
+{
+	idem_status_release(InvalidOid);
+}
+
+/*
+ * Entry point of the cycle process of one database, whose OID is main_arg:
+ * one cycle, then exit.  The settings are those of the launcher when it
+ * started this process.
+ */
+void
+idem_worker_main(Datum main_arg)
+{
+	Oid			dboid = DatumGetObjectId(main_arg);
+	MemoryContext cycle_context;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+	pgstat_report_appname(IDEM_WORKER_TYPE);
+
+	StartTransactionCommand();
+	worker_dbname = MemoryContextStrdup(TopMemoryContext,
+										get_database_name(MyDatabaseId));
+	CommitTransactionCommand();
+
+	/* the launcher that started us may have gone meanwhile */
+	if (!idem_status_begin_cycle(MyDatabaseId))
+		proc_exit(0);
+	before_shmem_exit(worker_shmem_exit, (Datum) 0);
+
+	cycle_context = AllocSetContextCreate(TopMemoryContext,
+										  "idempotency worker cycle",
+										  ALLOCSET_DEFAULT_SIZES);
+	run_cycle(cycle_context);
+
+	proc_exit(0);
+}
+
+/*
+ * before_shmem_exit callback of a cycle process: leave the status slot.
  */
 static void
 worker_shmem_exit(int code pg_attribute_unused(),
 				  Datum arg pg_attribute_unused())
 {
-	idem_status_release();
+	idem_status_leave_cycle();
 }
 
 /*
- * One cycle: the lease pass, then the cleanup pass.  An error ends the
- * cycle; it is logged and kept in the status, and the next cycle runs as
- * usual after the naptime.
+ * One cycle: the lease pass, then the cleanup pass.  Each pass catches its
+ * own error, so that neither ever keeps the other from running; the error
+ * is logged and kept in the status, and the pass runs again in the next
+ * cycle.
  */
 static void
 run_cycle(MemoryContext cycle_context)
 {
 	MemoryContext oldcontext = MemoryContextSwitchTo(cycle_context);
 	IdemWorkerProgress progress = {0};
+	volatile bool installed = true;
+	volatile IdemPass pass;
 
 	if (RecoveryInProgress())
 	{
@@ -516,28 +674,32 @@ run_cycle(MemoryContext cycle_context)
 		return;
 	}
 
-	PG_TRY();
+	for (pass = IDEM_PASS_LEASES; pass < IDEM_NUM_PASSES && installed; pass++)
 	{
-		if (run_pass(IDEM_PASS_LEASES, &progress) &&
-			run_pass(IDEM_PASS_CLEANUP, &progress))
+		PG_TRY();
 		{
-			idem_status_end_cycle();
-			ereport(DEBUG1,
-					(errmsg_internal("idempotency worker for database \"%s\": %lld leases expired, %lld records deleted in %lld batches",
-									 worker_dbname,
-									 (long long) progress.rows_expired,
-									 (long long) progress.rows_deleted,
-									 (long long) progress.cleanup_batches)));
+			installed = run_pass(pass, &progress);
 		}
+		PG_CATCH();
+		{
+			report_pass_error(pass, cycle_context);
+		}
+		PG_END_TRY();
 	}
-	PG_CATCH();
-	{
-		report_cycle_error(cycle_context);
-		idem_status_end_cycle();
-	}
-	PG_END_TRY();
 
-	pgstat_report_stat(false);
+	/* a cycle that found no extension ended all the same */
+	idem_status_end_cycle(installed);
+	if (installed)
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("idempotency worker for database \"%s\": %lld leases expired, %lld records deleted in %lld batches",
+								 worker_dbname,
+								 (long long) progress.rows_expired,
+								 (long long) progress.rows_deleted,
+								 (long long) progress.cleanup_batches)));
+	}
+
+	pgstat_report_stat(true);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	MemoryContextSwitchTo(oldcontext);
 }
@@ -552,17 +714,19 @@ run_cycle(MemoryContext cycle_context)
 static bool
 run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 {
+	IdemPassRun run;
 	int64		pass_rows = 0;
 	int			batches = 0;
+	bool		more = true;
 
-	for (;;)
+	idem_pass_begin(&run, pass);
+	while (more)
 	{
-		int			batch_size = idem_cleanup_batch_size;
 		int64		n;
 		IdemWorkerProgress batch = {0};
 
 		CHECK_FOR_INTERRUPTS();
-		n = run_batch_transaction(pass, batch_size);
+		n = run_batch_transaction(&run, idem_cleanup_batch_size, &more);
 		if (n < 0)
 			return false;
 
@@ -580,7 +744,7 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 		cycle_progress->rows_deleted += batch.rows_deleted;
 		cycle_progress->cleanup_batches += batch.cleanup_batches;
 
-		if (n < batch_size)
+		if (!more)
 			break;
 		if (batches >= idem_cleanup_max_batches)
 		{
@@ -608,16 +772,20 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 				(errmsg("idempotency worker for database \"%s\" expired %lld leases",
 						worker_dbname, (long long) pass_rows)));
 
+	/* the skipped records were logged one by one; the status keeps the last */
+	if (run.nskipped > 0)
+		idem_status_set_error(run.last_skip);
+
 	return true;
 }
 
 /*
  * One batch of a pass in a transaction of its own.  Returns the number of
- * rows changed, or -1 when the extension is not installed (logged once
- * until it is).
+ * rows changed, with *more as idem_pass_batch() sets it, or -1 when the
+ * extension is not installed (logged once until it is).
  */
 static int64
-run_batch_transaction(IdemPass pass, int limit)
+run_batch_transaction(IdemPassRun *run, int limit, bool *more)
 {
 	MemoryContext cycle_context = CurrentMemoryContext;
 	Oid			extoid;
@@ -633,33 +801,36 @@ run_batch_transaction(IdemPass pass, int limit)
 	if (!OidIsValid(extoid))
 	{
 		idem_maintenance_forget();
-		if (!reported_waiting)
+		if (!idem_status_note_waiting(true))
 			ereport(LOG,
 					(errmsg("idempotency worker for database \"%s\" is waiting for extension \"%s\" to be installed",
 							worker_dbname, IDEM_EXTENSION_NAME),
 					 errhint("Run CREATE EXTENSION %s in database \"%s\".",
 							 IDEM_EXTENSION_NAME, worker_dbname)));
-		reported_waiting = true;
 	}
 	else
 	{
-		if (reported_waiting)
+		if (idem_status_note_waiting(false))
 			ereport(LOG,
 					(errmsg("idempotency worker for database \"%s\" found extension \"%s\" and starts its maintenance",
 							worker_dbname, IDEM_EXTENSION_NAME)));
-		reported_waiting = false;
 
 		idem_maintenance_prepare(extoid);
-		if (pass == IDEM_PASS_LEASES)
-		{
-			pgstat_report_activity(STATE_RUNNING, "idempotency: expiring leases");
-			n = idem_expire_leases_batch(limit);
-		}
-		else
-		{
-			pgstat_report_activity(STATE_RUNNING, "idempotency: deleting expired records");
-			n = idem_cleanup_batch(limit);
-		}
+
+		/*
+		 * A deferred constraint (a foreign key of the user's referencing a
+		 * record, say) would otherwise fail at commit, where no row can be
+		 * told from the others and the same batch would fail every cycle:
+		 * checked at the end of each statement, it fails inside the
+		 * subtransaction of the row, which is then skipped.
+		 */
+		if (SPI_execute("SET CONSTRAINTS ALL IMMEDIATE", false, 0) != SPI_OK_UTILITY)
+			elog(ERROR, "SET CONSTRAINTS failed");
+		pgstat_report_activity(STATE_RUNNING,
+							   run->pass == IDEM_PASS_LEASES
+							   ? "idempotency: expiring leases"
+							   : "idempotency: deleting expired records");
+		n = idem_pass_batch(run, limit, more);
 	}
 
 	SPI_finish();
@@ -677,7 +848,7 @@ run_batch_transaction(IdemPass pass, int limit)
  * status.
  */
 static void
-report_cycle_error(MemoryContext cycle_context)
+report_pass_error(IdemPass pass, MemoryContext cycle_context)
 {
 	ErrorData  *edata;
 
@@ -694,14 +865,15 @@ report_cycle_error(MemoryContext cycle_context)
 			(errcode(edata->sqlerrcode),
 			 errmsg("idempotency worker for database \"%s\" failed a cycle: %s",
 					worker_dbname, edata->message),
-			 errdetail("The worker tries again after idempotency.naptime.")));
+			 errdetail("The %s pass stopped; the worker tries it again after idempotency.naptime.",
+					   pass == IDEM_PASS_LEASES ? "lease expiry" : "cleanup")));
 }
 
 /*
  * idem_launch_worker() returns integer
  *
- * Start the worker of the current database without a restart, and return
- * its pid.  Refuses when a worker already serves this database.
+ * Start a launcher for the current database without a restart, and return
+ * its pid.  Refuses when a process already serves this database.
  */
 Datum
 idem_launch_worker(PG_FUNCTION_ARGS)
@@ -726,7 +898,8 @@ idem_launch_worker(PG_FUNCTION_ARGS)
 						dbname),
 				 errdetail("Its process ID is %d.", running)));
 
-	if (!start_worker(MyDatabaseId, dbname, MyProcPid, &handle))
+	if (!start_process("idem_launcher_main", MyDatabaseId, dbname,
+					   IDEM_LAUNCHER_NAME, &handle))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
 				 errmsg("could not register background process"),
@@ -740,8 +913,8 @@ idem_launch_worker(PG_FUNCTION_ARGS)
 				 errhint("Kill all remaining database processes and restart the database.")));
 
 	/*
-	 * Wait until the worker has claimed the database, or has given way to a
-	 * worker that a concurrent call or the launcher started meanwhile.
+	 * Wait until the launcher has claimed the database, or has given way to
+	 * one that a concurrent call or the static launcher started meanwhile.
 	 */
 	while (status == BGWH_STARTED)
 	{

@@ -9,5 +9,6 @@
 #define IDEM_WORKER_H
 
 extern void idem_register_workers(void);
+extern int	idem_worker_database_count(void);
 
 #endif							/* IDEM_WORKER_H */

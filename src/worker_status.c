@@ -4,12 +4,17 @@
  *	  Shared-memory status of the idempotency background workers and the
  *	  SQL function idem_worker_status() that shows it.
  *
- * There is one slot per database: the worker serving that database claims
- * it when it starts (which is also how a second worker for the same
- * database is refused), updates its counters after every batch and cycle,
- * and gives it up when it exits.  The slot keeps the counters of the last
- * worker after it exited, so that its last error stays visible.  There can
- * never be more workers than max_worker_processes, hence as many slots.
+ * There is one slot per database.  The process that serves a database
+ * (the launcher, or the one idem_launch_worker() started) claims its slot
+ * when it starts serving it, which is also how a second one for the same
+ * database is refused, and gives it up when it exits.  Each cycle runs in a
+ * short-lived worker process of its own (worker.c): it marks the slot as
+ * running a cycle, adds to its counters after every batch and cycle, and
+ * leaves it when it exits, so the counters and the last error outlive the
+ * cycle processes.  The slot also keeps what must be logged once rather
+ * than every cycle (the extension missing).  There are as many slots as
+ * databases listed in idempotency.database plus max_worker_processes (one
+ * per process idem_launch_worker() can start).
  *
  * The area is requested through shmem_request_hook when the library is in
  * shared_preload_libraries.  Without the preload, the first process that
@@ -35,6 +40,8 @@
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
+#include "idempotency.h"
+#include "worker.h"
 #include "worker_status.h"
 
 #define IDEM_STATUS_SHMEM_NAME	"idempotency worker status"
@@ -45,9 +52,14 @@
 typedef struct IdemWorkerSlot
 {
 	Oid			dboid;			/* InvalidOid while the slot was never used */
-	int			pid;			/* 0 when no worker runs */
+	int			pid;			/* the process serving it, 0 when none */
+	int			cycle_pid;		/* the process running a cycle, or 0 */
+	bool		cycle_done;		/* a cycle ended since the launcher looked */
+	bool		waiting;		/* "waiting for the extension" was logged */
 	TimestampTz started_at;
-	TimestampTz last_cycle_at;	/* 0 before the first cycle ends */
+	TimestampTz cycle_started_at;	/* start of the cycle running */
+	TimestampTz last_cycle_at;	/* start of the last cycle that ended, 0
+								 * before the first */
 	int64		cycles;
 	IdemWorkerProgress progress;
 	TimestampTz last_error_at;	/* 0 when there was no error */
@@ -67,24 +79,36 @@ PG_FUNCTION_INFO_V1(idem_worker_status);
 
 static IdemWorkerStatus *idem_status = NULL;
 
-/* In a worker: the slot it claimed. */
+/* In a cycle process: the slot of its database. */
 static IdemWorkerSlot *my_slot = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 static Size status_size(void);
+static IdemWorkerSlot *find_slot(Oid dboid);
 static void status_shmem_request(void);
 static void status_shmem_startup(void);
 
 /*
- * Size of the shared area: one slot per possible background worker.
+ * The number of slots: one per database listed in idempotency.database
+ * (served by the launcher) and one per process idem_launch_worker() can
+ * start.  The list is fixed at server start.
+ */
+static int
+status_nslots(void)
+{
+	return max_worker_processes + idem_worker_database_count();
+}
+
+/*
+ * Size of the shared area.
  */
 static Size
 status_size(void)
 {
 	return add_size(offsetof(IdemWorkerStatus, slots),
-					mul_size(max_worker_processes, sizeof(IdemWorkerSlot)));
+					mul_size(status_nslots(), sizeof(IdemWorkerSlot)));
 }
 
 /*
@@ -146,7 +170,7 @@ idem_status_attach(void)
 		memset(idem_status, 0, status_size());
 		idem_status->tranche_id = LWLockNewTrancheId();
 		LWLockInitialize(&idem_status->lock, idem_status->tranche_id);
-		idem_status->nslots = max_worker_processes;
+		idem_status->nslots = status_nslots();
 	}
 	LWLockRelease(AddinShmemInitLock);
 
@@ -154,9 +178,24 @@ idem_status_attach(void)
 }
 
 /*
- * Claim the slot of a database for this worker and reset its counters.
- * Returns false, with the other worker's pid in *other_pid, when another
- * worker already serves the database.
+ * The slot of a database, or NULL when it never had one.  The caller holds
+ * the lock.
+ */
+static IdemWorkerSlot *
+find_slot(Oid dboid)
+{
+	int			i;
+
+	for (i = 0; i < idem_status->nslots; i++)
+		if (idem_status->slots[i].dboid == dboid)
+			return &idem_status->slots[i];
+	return NULL;
+}
+
+/*
+ * Claim the slot of a database for this process, which serves it from now
+ * on, and reset its counters.  Returns false, with the other process's pid
+ * in *other_pid, when another process already serves the database.
  */
 bool
 idem_status_claim(Oid dboid, int *other_pid)
@@ -192,58 +231,146 @@ idem_status_claim(Oid dboid, int *other_pid)
 		slot = reusable;
 	if (slot == NULL)
 	{
-		/* cannot happen: there are as many slots as worker processes */
+		/* cannot happen: there is a slot per database a process can serve */
 		LWLockRelease(&idem_status->lock);
 		elog(ERROR, "no free idempotency worker status slot");
+	}
+	if (slot->pid == MyProcPid)
+	{
+		/* serving it already: keep the counters */
+		LWLockRelease(&idem_status->lock);
+		return true;
 	}
 
 	memset(slot, 0, sizeof(IdemWorkerSlot));
 	slot->dboid = dboid;
 	slot->pid = MyProcPid;
 	slot->started_at = GetCurrentTimestamp();
-	my_slot = slot;
 	LWLockRelease(&idem_status->lock);
 
 	return true;
 }
 
 /*
- * Give up this worker's slot, keeping its counters for display.  Called
- * when the worker exits.
+ * Stop serving a database (every database when dboid is InvalidOid),
+ * keeping the counters for display.  Called when the serving process
+ * exits or its database went away.
  */
 void
-idem_status_release(void)
+idem_status_release(Oid dboid)
+{
+	int			i;
+
+	if (idem_status == NULL)
+		return;
+
+	LWLockAcquire(&idem_status->lock, LW_EXCLUSIVE);
+	for (i = 0; i < idem_status->nslots; i++)
+	{
+		IdemWorkerSlot *s = &idem_status->slots[i];
+
+		if (s->pid == MyProcPid && (!OidIsValid(dboid) || s->dboid == dboid))
+			s->pid = 0;
+	}
+	LWLockRelease(&idem_status->lock);
+}
+
+/*
+ * In a cycle process: find the slot of its database and mark it as running
+ * a cycle.  Returns false when no process serves the database any more.
+ */
+bool
+idem_status_begin_cycle(Oid dboid)
+{
+	IdemWorkerSlot *slot;
+
+	idem_status_attach();
+
+	LWLockAcquire(&idem_status->lock, LW_EXCLUSIVE);
+	slot = find_slot(dboid);
+	if (slot != NULL && slot->pid != 0 && slot->cycle_pid == 0)
+	{
+		slot->cycle_pid = MyProcPid;
+		slot->cycle_started_at = GetCurrentTimestamp();
+		my_slot = slot;
+	}
+	LWLockRelease(&idem_status->lock);
+
+	return my_slot != NULL;
+}
+
+/*
+ * In a cycle process, when it exits: leave the slot.
+ */
+void
+idem_status_leave_cycle(void)
 {
 	if (my_slot == NULL)
 		return;
 
 	LWLockAcquire(&idem_status->lock, LW_EXCLUSIVE);
-	if (my_slot->pid == MyProcPid)
-		my_slot->pid = 0;
+	if (my_slot->cycle_pid == MyProcPid)
+		my_slot->cycle_pid = 0;
 	LWLockRelease(&idem_status->lock);
 	my_slot = NULL;
 }
 
 /*
- * The pid of the worker serving a database, or 0 when none runs.
+ * Whether a cycle process of a database ended its cycle (rather than
+ * failing before or during it) since the last call.
+ */
+bool
+idem_status_take_cycle_done(Oid dboid)
+{
+	IdemWorkerSlot *slot;
+	bool		done = false;
+
+	LWLockAcquire(&idem_status->lock, LW_EXCLUSIVE);
+	slot = find_slot(dboid);
+	if (slot != NULL)
+	{
+		done = slot->cycle_done;
+		slot->cycle_done = false;
+	}
+	LWLockRelease(&idem_status->lock);
+
+	return done;
+}
+
+/*
+ * In a cycle process: note whether the extension is missing, and return
+ * what was noted before, so that a change is logged once, not every cycle.
+ */
+bool
+idem_status_note_waiting(bool waiting)
+{
+	bool		before;
+
+	if (my_slot == NULL)
+		return !waiting;
+
+	LWLockAcquire(&idem_status->lock, LW_EXCLUSIVE);
+	before = my_slot->waiting;
+	my_slot->waiting = waiting;
+	LWLockRelease(&idem_status->lock);
+
+	return before;
+}
+
+/*
+ * The pid of the process serving a database, or 0 when none does.
  */
 int
 idem_status_running_pid(Oid dboid)
 {
-	int			pid = 0;
-	int			i;
+	IdemWorkerSlot *slot;
+	int			pid;
 
 	idem_status_attach();
 
 	LWLockAcquire(&idem_status->lock, LW_SHARED);
-	for (i = 0; i < idem_status->nslots; i++)
-	{
-		if (idem_status->slots[i].dboid == dboid)
-		{
-			pid = idem_status->slots[i].pid;
-			break;
-		}
-	}
+	slot = find_slot(dboid);
+	pid = (slot != NULL) ? slot->pid : 0;
 	LWLockRelease(&idem_status->lock);
 
 	return pid;
@@ -266,22 +393,32 @@ idem_status_add_progress(const IdemWorkerProgress *progress)
 }
 
 /*
- * Record the end of a cycle, successful or not.
+ * Record the end of a cycle, whatever its passes met; counted is false
+ * when there was nothing to do (the extension is not installed).
  */
 void
-idem_status_end_cycle(void)
+idem_status_end_cycle(bool counted)
 {
 	if (my_slot == NULL)
 		return;
 
 	LWLockAcquire(&idem_status->lock, LW_EXCLUSIVE);
-	my_slot->last_cycle_at = GetCurrentTimestamp();
-	my_slot->cycles++;
+	/*
+	 * The start, not the end: a cycle that ended with last_cycle_at after
+	 * some moment ran entirely with the settings of that moment.
+	 */
+	if (counted)
+	{
+		my_slot->last_cycle_at = my_slot->cycle_started_at;
+		my_slot->cycles++;
+	}
+	my_slot->cycle_done = true;
 	LWLockRelease(&idem_status->lock);
 }
 
 /*
- * Record the message of an error that ended a cycle.
+ * Record the message of an error that ended a pass, or of a record that a
+ * pass skipped.
  */
 void
 idem_status_set_error(const char *message)
@@ -296,9 +433,11 @@ idem_status_set_error(const char *message)
 }
 
 /*
- * idem_worker_status(): one row per database that has had a worker since
- * the server started (or since its last crash).  pid is NULL when that
- * worker is no longer running; the counters are those since it started.
+ * idem_worker_status(): one row per database that has been served since
+ * the server started (or since its last crash).  pid is the process that
+ * serves it (the launcher, or the one idem_launch_worker() started), NULL
+ * when none does any more; the counters are those since it started serving
+ * it.
  */
 Datum
 idem_worker_status(PG_FUNCTION_ARGS)

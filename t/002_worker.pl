@@ -2,8 +2,10 @@
 # naptime: a database that does not exist, a database created later, the
 # extension missing, created, dropped and created again, lease expiry to
 # unknown and to retryable, chunked cleanup of a backlog, unknown and
-# processing records never deleted, SIGHUP, SIGTERM, kill -9 of the worker
+# processing records never deleted, SIGHUP, SIGTERM, kill -9 of the launcher
 # and of a client backend, idem_launch_worker(), and no worker on a standby.
+# Each cycle runs in a process of its own; the status's pid is that of the
+# launcher serving the database.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -73,23 +75,21 @@ sub status
 		"SELECT $column FROM idem_worker_status() WHERE database = 'appdb'");
 }
 
-# A new worker serves appdb (not $old_pid) and has finished a cycle.
+# A new launcher serves appdb (not $old_pid) and has finished a cycle.
 sub wait_for_new_worker
 {
 	my ($old_pid, $what) = @_;
 	ok( $node->poll_query_until(
-			'postgres', qq{
-SELECT count(*) = 1 FROM pg_stat_activity
- WHERE backend_type = 'idempotency worker' AND datname = 'appdb'
-   AND pid <> $old_pid}),
-		"a new worker runs after $what");
-	my $pid = $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency worker' AND datname = 'appdb'");
-	ok( $node->poll_query_until(
 			'appdb', qq{
 SELECT count(*) = 1 FROM idem_worker_status()
- WHERE database = 'appdb' AND pid = $pid AND cycles > 0}),
-		"the new worker completes cycles after $what");
+ WHERE database = 'appdb' AND pid <> $old_pid AND cycles > 0}),
+		"a new launcher serves the database after $what");
+	my $pid = status('pid');
+	ok( $node->poll_query_until(
+			'postgres', qq{
+SELECT count(*) = 1 FROM pg_stat_activity
+ WHERE backend_type = 'idempotency launcher' AND pid = $pid}),
+		"the new launcher runs after $what");
 	return $pid;
 }
 
@@ -126,17 +126,11 @@ pass('the worker of a database created later waits for the extension');
 ok( $node->poll_query_until(
 		'postgres', q{
 SELECT count(*) = 1 FROM pg_stat_activity
- WHERE backend_type = 'idempotency worker'
-   AND application_name = 'idempotency worker'
-   AND datname = 'appdb'
+ WHERE backend_type = 'idempotency launcher'
+   AND application_name = 'idempotency launcher'
+   AND datname IS NULL
    AND wait_event_type = 'Extension' AND wait_event = 'Extension'}),
-	'the worker shows in pg_stat_activity, sleeping in its wait event');
-is( $node->safe_psql(
-		'postgres', q{
-SELECT count(*) FROM pg_stat_activity
- WHERE backend_type = 'idempotency launcher' AND datname IS NULL}),
-	'1',
-	'the launcher shows in pg_stat_activity, connected to no database');
+	'the launcher shows in pg_stat_activity, connected to no database, sleeping in its wait event');
 
 #
 # Extension created: the worker starts its cycles.
@@ -235,16 +229,19 @@ $node->append_conf('postgresql.conf',
 	"idempotency.naptime = '1h'\nidempotency.cleanup_batch_size = 250\nidempotency.cleanup_delay = '5ms'");
 $node->reload;
 $node->wait_for_log(
-	qr/idempotency worker for database "appdb" reloaded its settings\n.*DETAIL:  naptime 3600000 ms, cleanup batch size 250, .*, cleanup delay 5 ms\./,
+	qr/idempotency launcher reloaded its settings\n.*DETAIL:  naptime 3600000 ms, cleanup batch size 250, .*, cleanup delay 5 ms\./,
 	$offset);
-pass('the worker reloads its settings on SIGHUP');
-# The reload is followed by one cycle; wait until the worker sleeps after it.
-my $hup_pid = status('pid');
+pass('the launcher reloads the settings on SIGHUP');
+# The launcher starts a cycle at once (after the one running, if any), then
+# waits the new naptime: wait until a cycle that started after the reload
+# has ended.
+my ($hup_at) = slurp_file($node->logfile, $offset) =~
+  /^(\S+ \S+ \S+) \[\d+\] LOG:  idempotency launcher reloaded its settings/m;
 ok( $node->poll_query_until(
-		'postgres',
-		"SELECT wait_event = 'Extension' FROM pg_stat_activity WHERE pid = $hup_pid"
+		'appdb',
+		"SELECT last_cycle_at >= '$hup_at'::timestamptz FROM idem_worker_status() WHERE database = 'appdb'"
 	),
-	'the worker sleeps after the reload');
+	'a cycle started after the reload has ended');
 $batches_before = status('cleanup_batches');
 insert_expired_succeeded('hup-', 1000);
 # The old naptime would clean these within 100ms; the new one waits an hour.
@@ -264,12 +261,16 @@ is(status('cleanup_batches') - $batches_before, 4, 'a new batch size takes effec
 my $locker = $node->background_psql('appdb');
 $locker->query_safe(
 	'BEGIN; LOCK TABLE idem_records IN ACCESS EXCLUSIVE MODE');
-my $worker_pid = status('pid');
+my $launcher_pid = status('pid');
 ok( $node->poll_query_until(
-		'postgres',
-		"SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $worker_pid"
-	),
+		'postgres', q{
+SELECT count(*) = 1 FROM pg_stat_activity
+ WHERE backend_type = 'idempotency worker' AND datname = 'appdb'
+   AND wait_event_type = 'Lock'}),
 	'the worker waits for the table lock');
+my $worker_pid = $node->safe_psql('postgres',
+	"SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency worker' AND datname = 'appdb'"
+);
 $offset = -s $node->logfile;
 $node->safe_psql('postgres', "SELECT pg_cancel_backend($worker_pid)");
 $node->wait_for_log(
@@ -278,21 +279,21 @@ $node->wait_for_log(
 $locker->query_safe('COMMIT');
 $locker->quit;
 like(
-	status('last_error_at IS NOT NULL AND pid = ' . $worker_pid . ' AS ok, last_error'),
+	status('last_error_at IS NOT NULL AS ok, last_error'),
 	qr/^t\|canceling statement due to user request$/,
 	'the error is kept in the status');
 lease_gets_expired('after-error-', 'an error in a cycle');
-is(status('pid'), $worker_pid, 'the same worker goes on after an error');
+is(status('pid'), $launcher_pid, 'the same launcher goes on after an error');
 
 #
-# SIGTERM: the worker exits at once; the launcher starts another.
+# SIGTERM: the launcher exits at once; the postmaster starts another.
 #
 my $pid = status('pid');
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
 ok( $node->poll_query_until(
 		'postgres',
 		"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid"),
-	'SIGTERM ends the worker');
+	'SIGTERM ends the launcher');
 $pid = wait_for_new_worker($pid, 'SIGTERM');
 
 #
@@ -306,7 +307,7 @@ like(
 	'idem_launch_worker refuses a second worker for a database');
 $node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 my $manual = $node->safe_psql('postgres', 'SELECT idem_launch_worker()');
-like($manual, qr/^\d+$/, 'idem_launch_worker starts a worker and returns its pid');
+like($manual, qr/^\d+$/, 'idem_launch_worker starts a launcher and returns its pid');
 is( $node->safe_psql(
 		'postgres',
 		"SELECT pid FROM idem_worker_status() WHERE database = 'postgres'"),
@@ -320,14 +321,14 @@ like(
 	'and refuses a second one');
 
 #
-# kill -9 of the worker: crash restart, the worker comes back.
+# kill -9 of the launcher: crash restart, the launcher comes back.
 #
 $offset = -s $node->logfile;
 kill 'KILL', $pid;
 $node->wait_for_log(qr/all server processes terminated; reinitializing/,
 	$offset);
-$pid = wait_for_new_worker($pid, 'kill -9 of the worker');
-lease_gets_expired('after-kill-worker-', 'kill -9 of the worker');
+$pid = wait_for_new_worker($pid, 'kill -9 of the launcher');
+lease_gets_expired('after-kill-launcher-', 'kill -9 of the launcher');
 
 #
 # kill -9 of a client backend: same.
@@ -356,7 +357,7 @@ $node->wait_for_log(
 	qr/idempotency worker for database "appdb" found extension "idempotency"/,
 	$offset);
 lease_gets_expired('after-recreate-', 'CREATE EXTENSION again');
-is(status('pid'), $pid, 'the same worker survived DROP EXTENSION');
+is(status('pid'), $pid, 'the same launcher survived DROP EXTENSION');
 
 #
 # The database that does not exist: one line per launcher start, never a
@@ -366,8 +367,11 @@ $log = slurp_file($node->logfile);
 my $launches = () = $log =~ /LOG:  idempotency launcher started/g;
 my $missing = () =
   $log =~ /database "nosuchdb" named in idempotency.database does not exist/g;
-is($launches, 3, 'the launcher started three times (two crash restarts)');
-is($missing, $launches, 'one LOG line per launcher start for a missing database');
+is($launches, 5,
+	'the launcher started five times (a restart after SIGTERM, two crash restarts, idem_launch_worker)'
+);
+is($missing, $launches - 1,
+	'one LOG line per start of the launcher serving the missing database');
 unlike($log, qr/FATAL:.*nosuchdb/, 'no FATAL for the missing database');
 
 #

@@ -1,5 +1,6 @@
 # Without shared_preload_libraries: no launcher, the SQL passes work, and
-# idem_launch_worker() still starts a worker for the current database.
+# idem_launch_worker() still starts a launcher whose cycles serve the
+# current database.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -34,12 +35,12 @@ is($node->safe_psql('postgres', 'SELECT idem_expire_leases()'),
 	'1', 'idem_expire_leases() works from SQL');
 
 my $pid = $node->safe_psql('postgres', 'SELECT idem_launch_worker()');
-like($pid, qr/^\d+$/, 'idem_launch_worker() starts a worker');
+like($pid, qr/^\d+$/, 'idem_launch_worker() starts a launcher for the database');
 is( $node->safe_psql(
 		'postgres',
-		"SELECT backend_type FROM pg_stat_activity WHERE pid = $pid"),
-	'idempotency worker',
-	'the worker runs');
+		"SELECT backend_type || ', ' || coalesce(datname, 'no database') FROM pg_stat_activity WHERE pid = $pid"),
+	'idempotency launcher, no database',
+	'the launcher runs, connected to no database');
 
 ($sql = $insert) =~ s/KEY/by-worker/;
 $node->safe_psql('postgres', $sql);
