@@ -87,11 +87,37 @@ run_client() {
     fi
 }
 
+# examples/schema.sql refuses a payments table of another shape with its
+# error, and keeps nothing (the file is one transaction).  One test.
+check_schema_refusal() {
+    local bindir db=idem_wrong_payments out=$IDEM_TMP/schema-refusal.out
+    local name="examples/schema.sql refuses a payments table of another shape, and keeps nothing"
+    bindir=$("$PG_CONFIG" --bindir)
+    log "suite: schema-refusal"
+    if as_postgres "$bindir/createdb" "$db" \
+        && as_postgres "$bindir/psql" -X -q -d "$db" \
+            -c 'CREATE TABLE payments (id bigserial PRIMARY KEY, amount numeric)' \
+        && ! as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" \
+            -f "$IDEM_TMP/src/examples/schema.sql" >"$out" 2>&1 \
+        && grep -q 'ERROR:  relation "payments" exists and is not the payments table' "$out" \
+        && [ "$(as_postgres "$bindir/psql" -X -At -d "$db" \
+            -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")" = 0 ]; then
+        passed=$((passed + 1))
+        echo "ok     $name"
+    else
+        failed=$((failed + 1))
+        failed_suites+=(schema-refusal)
+        echo "FAILED $name"
+        cat "$out"
+    fi
+}
+
 if setup_clients; then
     run_client clients-python "$clients_dir/python" \
         /usr/bin/python3 -u test_payments_service.py
     run_client clients-node "$clients_dir/node" \
         node --test --test-reporter=tap test/payments.test.js
+    check_schema_refusal
 else
     log "setting up the example clients failed"
     failed_suites+=(clients)
