@@ -119,11 +119,165 @@ run_client() {
     fi
 }
 
+# examples/schema.sql refuses a payments table of another shape with its
+# error, and keeps nothing (the file is one transaction).  One test.
+check_schema_refusal() {
+    local bindir db=idem_wrong_payments out=$IDEM_TMP/schema-refusal.out
+    local name="examples/schema.sql refuses a payments table of another shape, and keeps nothing"
+    bindir=$("$PG_CONFIG" --bindir)
+    log "suite: schema-refusal"
+    if as_postgres "$bindir/createdb" "$db" \
+        && as_postgres "$bindir/psql" -X -q -d "$db" \
+            -c 'CREATE TABLE payments (id bigserial PRIMARY KEY, amount numeric)' \
+        && ! as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" \
+            -f "$IDEM_TMP/src/examples/schema.sql" >"$out" 2>&1 \
+        && grep -q 'ERROR:  relation "payments" exists and is not the payments table' "$out" \
+        && [ "$(as_postgres "$bindir/psql" -X -At -d "$db" \
+            -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")" = 0 ]; then
+        passed=$((passed + 1))
+        echo "ok     $name"
+    else
+        failed=$((failed + 1))
+        failed_suites+=(schema-refusal)
+        echo "FAILED $name"
+        cat "$out"
+    fi
+}
+
+# The Python client's suite again, through a real pgbouncer in transaction
+# mode, and checks of what docs/poolers.md says: a session SET reaches the
+# next client of its server connection and SET LOCAL does not; a claim that
+# waits holds its server connection, and a wait => 0 claim queues in
+# pgbouncer behind it.  pgbouncer (Debian's package, installed when missing;
+# its service is not used) runs as postgres, since it refuses root, from its
+# own files, in a process group that stop_groups ends: run_client's when the
+# suite is done, cleanup's whatever happens.
+run_pgbouncer() {
+    local dir=$IDEM_TMP/pgbouncer out=$IDEM_TMP/pgbouncer.out bindir port pid v token
+    local sudo=() waiter queued before ok=1
+    bindir=$("$PG_CONFIG" --bindir)
+    log "suite: pgbouncer"
+    pgb_sql() {
+        timeout 60 "$bindir/psql" -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U idem_app -d "$@"
+    }
+    # pgb_check NAME EXPECTED ACTUAL
+    pgb_check() {
+        if [ "$2" = "$3" ]; then
+            passed=$((passed + 1))
+            echo "ok     $1"
+        else
+            failed=$((failed + 1))
+            echo "FAILED $1: expected '$2', got '$3'"
+            ok=0
+        fi
+    }
+    # pgb_poll EXPECTED COMMAND...: run COMMAND until it prints EXPECTED, for
+    # 30 s at most; its last output is left in v for pgb_check.
+    pgb_poll() {
+        local want=$1 end=$((SECONDS + 30))
+        shift
+        while [ "$SECONDS" -lt "$end" ]; do
+            v=$("$@" 2>/dev/null) || true
+            [ "$v" = "$want" ] && break
+            sleep 0.1
+        done
+        return 0
+    }
+    # the column $2 of SHOW POOLS for the pool of database $1
+    pgb_pool() {
+        pgb_sql pgbouncer -A -c 'SHOW POOLS' -P tuples_only=off | awk -F'|' -v db="$1" -v col="$2" \
+            'NR == 1 { for (i = 1; i <= NF; i++) if ($i == col) c = i; next } $1 == db { print $c }'
+    }
+    # "started", or "exited" once pgbouncer has exited
+    pgb_started() {
+        kill -0 "$pid" || { echo exited; return; }
+        pgb_sql pgbouncer -c 'SHOW VERSION' | grep -q '^PgBouncer ' && echo started
+    }
+    if ! install_packages pgbouncer || ! port=$(free_port); then
+        pgb_check "pgbouncer installed" yes no
+        failed_suites+=(pgbouncer)
+        return 0
+    fi
+    as_root install -d -o postgres -g postgres "$dir"
+    as_postgres tee "$dir/pgbouncer.ini" >/dev/null <<EOF
+[databases]
+idem_examples = host=127.0.0.1 port=$PGPORT dbname=idem_examples
+; one server connection, for the checks
+idem_one = host=127.0.0.1 port=$PGPORT dbname=idem_examples pool_size=1
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/userlist.txt
+pool_mode = transaction
+default_pool_size = 4
+stats_users = idem_app
+logfile = $dir/pgbouncer.log
+EOF
+    echo '"idem_app" ""' | as_postgres tee "$dir/userlist.txt" >/dev/null
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    in_own_group timeout -k 5 600 "${sudo[@]}" /usr/sbin/pgbouncer -q -u postgres "$dir/pgbouncer.ini" \
+        >"$out" 2>&1 &
+    pid=$!
+    pgb_poll started pgb_started
+    pgb_check "pgbouncer starts on 127.0.0.1:$port" started "$v"
+    if [ "$ok" = 1 ]; then
+        # pool_size = 1: every client of idem_one gets the same server connection.
+        pgb_sql idem_one -c "SET idempotency.claim_wait = '2s'" || true
+        v=$(pgb_sql idem_one -c 'SHOW idempotency.claim_wait') || true
+        pgb_check "transaction mode: a session SET reaches the next client of its server connection" 2s "$v"
+        pgb_sql idem_one -c 'RESET idempotency.claim_wait' \
+            -c "BEGIN; SET LOCAL idempotency.claim_wait = '2s'; COMMIT" || true
+        v=$(pgb_sql idem_one -c 'SHOW idempotency.claim_wait') || true
+        pgb_check "transaction mode: SET LOCAL does not" 0 "$v"
+
+        # A committed claim with a lease (the three-transaction pattern), a
+        # claim that waits for it, and a claim of another key with wait => 0.
+        token=$(pgb_sql idem_one -c "SELECT token FROM idem_claim('pgbouncer.check', 'held-$port', lease => '5min')") || true
+        pgb_sql idem_one -c "SELECT outcome FROM idem_claim('pgbouncer.check', 'held-$port', wait => '50s')" \
+            >"$out.waiter" 2>&1 &
+        waiter=$!
+        pgb_poll 1 as_postgres "$bindir/psql" -X -At -d idem_examples -c "SELECT count(*) FROM pg_stat_activity
+            WHERE state = 'active' AND query LIKE '%''held-$port'', wait =>%' AND pid <> pg_backend_pid()"
+        pgb_check "a claim with wait => '50s' waits on the only server connection" 1 "$v"
+        pgb_sql idem_one -c "SELECT outcome FROM idem_claim('pgbouncer.check', 'queued-$port')" >"$out.queued" 2>&1 &
+        queued=$!
+        pgb_poll 1 pgb_pool idem_one cl_waiting
+        pgb_check "  ... and a wait => 0 claim of another key waits in pgbouncer (SHOW POOLS: cl_waiting)" 1 "$v"
+        # The first attempt completes, directly on the server since the
+        # pool's one connection is taken: the waiting claim replays, then the
+        # queued one gets the connection.
+        echo "SELECT idem_complete(:'token', 201, '{}')" \
+            | timeout 60 "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -v token="$token" \
+                -h 127.0.0.1 -p "$PGPORT" -U idem_app -d idem_examples >/dev/null || true
+        wait "$waiter" || true
+        wait "$queued" || true
+        pgb_check "  ... the waiting claim answers replay once the attempt completes" replay "$(cat "$out.waiter")"
+        pgb_check "  ... then the queued claim proceeds" proceed "$(cat "$out.queued")"
+        [ "$ok" = 1 ] || failed_suites+=(pgbouncer)
+        before=${#failed_suites[@]}
+        run_client clients-python-pgbouncer "$clients_dir/python" \
+            env PGPORT="$port" /usr/bin/python3 -u test_payments_service.py
+        [ "${#failed_suites[@]}" -eq "$before" ] || ok=0
+    else
+        failed_suites+=(pgbouncer)
+    fi
+    stop_groups
+    if [ "$ok" = 0 ]; then
+        echo "===== $dir/pgbouncer.log (last 40 lines)"
+        tail -n 40 "$dir/pgbouncer.log" "$out" 2>/dev/null || true
+    fi
+}
+
 if setup_clients; then
     run_client clients-python "$clients_dir/python" \
         /usr/bin/python3 -u test_payments_service.py
     run_client clients-node "$clients_dir/node" \
         node --test --test-reporter=tap test/payments.test.js
+    check_schema_refusal
+    run_pgbouncer
 else
     log "setting up the example clients failed"
     failed_suites+=(clients)
