@@ -89,7 +89,9 @@ make_workdir() {
         --exclude=tmp_check --exclude=node_modules --exclude=__pycache__ \
         -cf - . | tar -C "$IDEM_TMP/src" -xf -
     as_root chown -R postgres: "$IDEM_TMP"
-    chmod 755 "$IDEM_TMP"
+    # like /tmp: the postgres OS user creates the cluster and its socket
+    # here, the invoking user (root, or one with sudo) the suites' outputs
+    as_root chmod 1777 "$IDEM_TMP"
 }
 
 # A TCP port nobody listens on.
