@@ -34,7 +34,7 @@ SHLIB_LINK += -lcrypto
 # Security: role isolation, least privilege, hostile input
 OBJS += src/security.o
 REGRESS += security
-ISOLATION += claim_roles token_probe
+ISOLATION += claim_roles token_probe wait_takeover
 
 # Background worker and maintenance passes
 OBJS += src/worker.o src/worker_status.o src/maintenance.o

@@ -42,6 +42,7 @@
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/latch.h"
+#include "storage/procarray.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
@@ -263,7 +264,7 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			}
 		}
 
-		if (++rounds > MAX_WRITE_ROUNDS)
+		if (++rounds > MAX_WRITE_ROUNDS && now >= deadline)
 		{
 			/* the row keeps being written by others: let the client retry */
 			answer_busy(answer);
@@ -320,6 +321,23 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		}
 		if (wrote)
 			break;
+
+		/*
+		 * The record changed since it was read, or another transaction is
+		 * writing it (a completion racing this takeover, say).  With time
+		 * left to wait, wait for that transaction to end, or, when it cannot
+		 * be named, a short step, and read again.
+		 */
+		now = GetCurrentTimestamp();
+		if (now >= deadline)
+			continue;
+		if (found && TransactionIdIsValid(rec.writer_xid) &&
+			TransactionIdIsInProgress(rec.writer_xid))
+			(void) idem_xact_wait(rec.writer_xid,
+								  (int) Min(Max(1, (deadline - now) / 1000),
+											PG_INT32_MAX));
+		else
+			sleep_until(deadline, &step_ms);
 	}
 
 	idem_restore_user(&user);

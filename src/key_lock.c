@@ -27,10 +27,12 @@
  */
 #include "postgres.h"
 
+#include "access/subtrans.h"
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/proc.h"
+#include "storage/procarray.h"
 #include "utils/resowner.h"
 
 #include "key_lock.h"
@@ -38,6 +40,7 @@
 #define IDEM_LOCK_CLASS 478
 
 static uint64 hash_text(text *t, uint64 seed);
+static bool wait_for_lock(const LOCKTAG *tag, LOCKMODE mode, int timeout_ms);
 
 /*
  * Fill in the lock tag of a scope and key in the current database.
@@ -66,13 +69,41 @@ idem_key_lock_try(const LOCKTAG *tag)
 }
 
 /*
- * Wait up to timeout_ms until nobody holds the lock.  Returns true when it
- * was free (without holding it: the caller takes it with idem_key_lock_try,
- * so that it belongs to the caller's resource owner), false when the time
- * ran out.  Any other error (cancel, deadlock) is raised.
+ * Wait up to timeout_ms for the transaction that holds the key lock to end,
+ * then give the lock back at once.  Returns true when it ended in time.
  */
 bool
 idem_key_lock_wait(const LOCKTAG *tag, int timeout_ms)
+{
+	return wait_for_lock(tag, ExclusiveLock, timeout_ms);
+}
+
+/*
+ * Wait up to timeout_ms for transaction xid (one that changed or locked a
+ * record) to end, as XactLockTableWait waits for a row's updater, but
+ * bounded.  A subtransaction's xid is waited for through its top-level
+ * transaction, which holds the row until it ends.  Returns true when it
+ * ended in time (or had already ended).
+ */
+bool
+idem_xact_wait(TransactionId xid, int timeout_ms)
+{
+	LOCKTAG		tag;
+
+	if (!TransactionIdIsValid(xid) || !TransactionIdIsInProgress(xid))
+		return true;
+	xid = SubTransGetTopmostTransaction(xid);
+	SET_LOCKTAG_TRANSACTION(tag, xid);
+	return wait_for_lock(&tag, ShareLock, timeout_ms);
+}
+
+/*
+ * Acquire and release a lock, waiting at most timeout_ms (and no longer
+ * than the session's own lock_timeout).  The wait shows in pg_locks as any
+ * lock wait does, and a cancel interrupts it.
+ */
+static bool
+wait_for_lock(const LOCKTAG *tag, LOCKMODE mode, int timeout_ms)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
@@ -90,9 +121,9 @@ idem_key_lock_wait(const LOCKTAG *tag, int timeout_ms)
 		/* a shorter lock_timeout of the session still applies */
 		if (LockTimeout <= 0 || LockTimeout > timeout_ms)
 			LockTimeout = timeout_ms;
-		(void) LockAcquire(tag, ExclusiveLock, false, false);
+		(void) LockAcquire(tag, mode, false, false);
 		LockTimeout = saved_lock_timeout;
-		LockRelease(tag, ExclusiveLock, false);
+		LockRelease(tag, mode, false);
 
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);

@@ -39,6 +39,7 @@
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/htup_details.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -130,6 +131,7 @@ static uint64 plans_layout_generation = 0;
 static bool plans_layout_exact = false;
 
 static bool fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest);
+static TransactionId version_writer(TupleTableSlot *slot);
 static SPIPlanPtr get_plan(RecordPlan which);
 static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat,
 							   bool exact);
@@ -221,6 +223,7 @@ fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
 		read_record(values, nulls, rec, CurrentMemoryContext);
 		rec->response_raw_body = (bytea *) optional_column(slot, col[COL_RESPONSE_RAW_BODY]);
 		rec->response_sealed = (bytea *) optional_column(slot, col[COL_RESPONSE_SEALED]);
+		rec->writer_xid = version_writer(slot);
 	}
 	index_endscan(scan);
 
@@ -229,6 +232,31 @@ fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
 	table_close(heap, NoLock);
 	UnregisterSnapshot(snapshot);
 	return found;
+}
+
+/*
+ * The transaction that updated, deleted or locked the row version in slot,
+ * committed or not, other than this one: a claim whose write finds the
+ * record taken can wait for it.  InvalidTransactionId when there is none,
+ * or when several hold it (a multixact): the claim then polls.
+ */
+static TransactionId
+version_writer(TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	HeapTupleHeader header;
+	TransactionId xmax;
+
+	if (!TTS_IS_BUFFERTUPLE(slot) || bslot->base.tuple == NULL)
+		return InvalidTransactionId;
+	header = bslot->base.tuple->t_data;
+	if ((header->t_infomask & HEAP_XMAX_INVALID) ||
+		(header->t_infomask & HEAP_XMAX_IS_MULTI))
+		return InvalidTransactionId;
+	xmax = HeapTupleHeaderGetRawXmax(header);
+	if (!TransactionIdIsNormal(xmax) || TransactionIdIsCurrentTransactionId(xmax))
+		return InvalidTransactionId;
+	return xmax;
 }
 
 /*

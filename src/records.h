@@ -52,6 +52,8 @@ typedef struct IdemRecord
 									 * idem_record_open_response */
 	text	   *resource_id;	/* NULL when none */
 	TimestampTz expires_at;
+	/* the transaction that changed or locked this version, if any */
+	TransactionId writer_xid;
 	/* scope, filled by idem_record_fetch_by_id only */
 	IdemScope	scope;
 } IdemRecord;
