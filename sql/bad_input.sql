@@ -161,3 +161,19 @@ SELECT outcome FROM idem_claim('op', 'k', tenant => 'société', caller => 'caf�
 
 -- Only the three claims that were accepted wrote a record.
 SELECT count(*) - :records_before AS records_written FROM idem_records;
+
+\set VERBOSITY terse
+--
+-- A mangled token (leading blanks, plus signs, leading zeros) is not the
+-- token idem_claim returned: 22023 "invalid attempt token", however the
+-- number would parse.
+--
+SELECT token FROM idem_claim('af.op', 'af-token', '{}') \gset
+SELECT idem_heartbeat(' ' || :'token') IS NOT NULL AS accepted;
+SELECT idem_heartbeat('+' || :'token') IS NOT NULL AS accepted;
+SELECT idem_heartbeat('000' || :'token') IS NOT NULL AS accepted;
+SELECT idem_heartbeat(replace(:'token', '.1.', '. +1.')) IS NOT NULL AS accepted;
+SELECT idem_heartbeat(:'token') IS NOT NULL AS accepted;
+DELETE FROM idem_records WHERE operation = 'af.op';
+\set VERBOSITY default
+

@@ -200,3 +200,28 @@ SELECT outcome FROM idem_claim('rn.op', 'rn-2', '{}');
 SELECT key, state, attempt FROM idem_renamed.idem_records ORDER BY key;
 \c :regress_db
 DROP DATABASE regress_idem_rename;
+
+-- (The domain column is added with a default that is then dropped, since
+-- the table may hold rows.)
+\set VERBOSITY terse
+-- A column of a NOT NULL domain added to idem_records without a default:
+-- a plain INSERT that does not name it fails (23502, the planner coerces the
+-- missing column's NULL to the domain), so a claim must fail too and write
+-- nothing.
+CREATE DOMAIN af_required AS integer NOT NULL;
+CREATE DOMAIN af_present AS integer CHECK (VALUE IS NOT NULL);
+ALTER TABLE idem_records ADD COLUMN af_a af_required DEFAULT 0;
+ALTER TABLE idem_records ALTER COLUMN af_a DROP DEFAULT;
+SELECT outcome FROM idem_claim('af.op', 'af-domain-1', '{}');
+SELECT count(*) AS written FROM idem_records WHERE key = 'af-domain-1';
+ALTER TABLE idem_records DROP COLUMN af_a;
+ALTER TABLE idem_records ADD COLUMN af_b af_present DEFAULT 0;
+ALTER TABLE idem_records ALTER COLUMN af_b DROP DEFAULT;
+SELECT outcome FROM idem_claim('af.op', 'af-domain-2', '{}');
+SELECT count(*) AS written FROM idem_records WHERE key = 'af-domain-2';
+ALTER TABLE idem_records DROP COLUMN af_b;
+DROP DOMAIN af_required;
+DROP DOMAIN af_present;
+DELETE FROM idem_records WHERE operation = 'af.op';
+\set VERBOSITY default
+

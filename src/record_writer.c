@@ -58,9 +58,11 @@
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
+#include "parser/parse_coerce.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
@@ -580,6 +582,20 @@ build_cache(IdemRecordWriter *w, WriterCache *fresh)
 			att->attgenerated != '\0')
 			continue;
 		def = build_column_default(w->rel, i + 1);
+
+		/*
+		 * No default: NULL, but coerced to a domain as the planner does for
+		 * an INSERT that leaves the column out (expand_insert_targetlist),
+		 * so that a domain's NOT NULL or CHECK is enforced.
+		 */
+		if (def == NULL && get_typtype(att->atttypid) == TYPTYPE_DOMAIN)
+			def = coerce_to_domain((Node *) makeConst(att->atttypid, -1,
+													  att->attcollation,
+													  att->attlen, (Datum) 0,
+													  true, att->attbyval),
+								   InvalidOid, -1, att->atttypid,
+								   COERCION_IMPLICIT, COERCE_IMPLICIT_CAST,
+								   -1, false);
 		if (def == NULL)
 			continue;
 		expr = expression_planner((Expr *) def);

@@ -21,6 +21,7 @@
 #include "token.h"
 
 static void invalid_token(void) pg_attribute_noreturn();
+static bool plain_number_at(const char *s);
 
 /*
  * A new random secret for an attempt.
@@ -61,11 +62,19 @@ idem_token_parse(text *value, IdemToken *token)
 	long		attempt;
 	int			i;
 
+	/*
+	 * Exactly the form idem_token_format writes: strtoll and strtol alone
+	 * would also take blanks, signs and leading zeros.
+	 */
+	if (!plain_number_at(s))
+		invalid_token();
 	errno = 0;
 	id = strtoll(s, &end, 10);
 	if (errno != 0 || end == s || *end != '.' || id <= 0)
 		invalid_token();
 	s = end + 1;
+	if (!plain_number_at(s))
+		invalid_token();
 	attempt = strtol(s, &end, 10);
 	if (errno != 0 || end == s || *end != '.' || attempt <= 0 || attempt > INT_MAX)
 		invalid_token();
@@ -78,6 +87,16 @@ idem_token_parse(text *value, IdemToken *token)
 	hex_decode(hex, IDEM_TOKEN_SECRET_LEN * 2, (char *) token->secret);
 	token->record_id = (int64) id;
 	token->attempt = (int32) attempt;
+}
+
+/*
+ * Whether s starts with a decimal number without sign, blanks or leading
+ * zeros.
+ */
+static bool
+plain_number_at(const char *s)
+{
+	return s[0] >= '1' && s[0] <= '9';
 }
 
 static void
