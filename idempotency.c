@@ -40,6 +40,9 @@ int			idem_cleanup_grace_s = 10 * 60;
 int			idem_cleanup_delay_ms = 20;
 bool		idem_synchronous_outcomes = true;
 
+/* Whether the library was loaded by shared_preload_libraries. */
+bool		idem_preloaded = false;
+
 void		_PG_init(void);
 
 static void define_settings(void);
@@ -51,6 +54,7 @@ static void define_postmaster_settings(void);
 void
 _PG_init(void)
 {
+	idem_preloaded = process_shared_preload_libraries_in_progress;
 	define_settings();
 
 	if (!process_shared_preload_libraries_in_progress)

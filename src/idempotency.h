@@ -27,5 +27,6 @@ extern int	idem_cleanup_max_batches;
 extern int	idem_cleanup_grace_s;
 extern int	idem_cleanup_delay_ms;
 extern bool idem_synchronous_outcomes;
+extern bool idem_preloaded;
 
 #endif							/* IDEMPOTENCY_H */

@@ -36,6 +36,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
+#include "idempotency.h"
 #include "response_seal.h"
 #include "sha256.h"
 
@@ -162,7 +163,22 @@ idem_show_encryption_key_previous(void)
 bool
 idem_sealing_enabled(void)
 {
-	return current_key != NULL;
+	if (current_key == NULL)
+		return false;
+
+	/*
+	 * Until the library is loaded in a session, its settings are plain
+	 * placeholders that every role can SHOW: only a library loaded at server
+	 * start defines the key's protections before any session reads it.  A
+	 * key set without the preload may have been read; it is not used.
+	 */
+	if (!idem_preloaded)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency.encryption_key is set but the library is not in shared_preload_libraries"),
+				 errdetail("Without the preload the key is a plain setting that every role can read, so it is not used and no response is stored."),
+				 errhint("Add idempotency to shared_preload_libraries, restart, and set a new key: this one may have been read.")));
+	return true;
 }
 
 /*
