@@ -183,9 +183,16 @@ func answerFor(d *decision) (answer, error) {
 
 // inTransaction runs work in one transaction: it commits when work returns
 // no error and rolls back otherwise.  The answer is returned only once the
-// commit succeeded.
+// commit succeeded.  It waits 30 s at most for a free connection.
 func inTransaction(ctx context.Context, pool *pgxpool.Pool, work func(pgx.Tx) (answer, error)) (answer, error) {
-	tx, err := pool.Begin(ctx)
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	conn, err := pool.Acquire(waitCtx)
+	cancel()
+	if err != nil {
+		return answer{}, err
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return answer{}, err
 	}
