@@ -28,7 +28,9 @@
  *                               transaction rolls back and the claim with it
  *
  * The JDK has no JSON library: the small reader and writer at the end of
- * this file do what the service needs.
+ * this file do what the service needs.  The JDK's server sends header names
+ * with only their first letter in capitals ("Idempotent-replayed"): header
+ * names are case-insensitive, and clients must compare them so.
  */
 
 import com.sun.net.httpserver.HttpExchange;
