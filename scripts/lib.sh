@@ -17,10 +17,12 @@ export PG_CONFIG
 
 IDEM_PACKAGES="make gcc libc6-dev libssl-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl"
 
-# What the example clients (examples/python, examples/node) need: Debian's
-# psycopg2 for Debian's python3, and node with npm (any that is on PATH, else
-# Debian's nodejs and npm).
-IDEM_CLIENT_PACKAGES="python3 python3-psycopg2"
+# What the example clients (examples/python, node, java, go) need: Debian's
+# psycopg2 for Debian's python3; node with npm, javac and go (any that is on
+# PATH, else Debian's nodejs and npm, default-jdk-headless, golang-go);
+# Debian's JDBC driver (/usr/share/java/postgresql.jar) and the sources of
+# pgx v4 (/usr/share/gocode), which go builds offline.
+IDEM_CLIENT_PACKAGES="python3 python3-psycopg2 libpostgresql-jdbc-java golang-github-jackc-pgx-v4-dev"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -61,13 +63,15 @@ install_packages() {
     fi
 }
 
-# Install what the example clients need and is missing.  node and npm may
-# come from elsewhere (NodeSource, nvm): only when a command is missing is
-# Debian's package installed.
+# Install what the example clients need and is missing.  node, npm, the JDK
+# and go may come from elsewhere (NodeSource, nvm, another JDK): only when a
+# command is missing is Debian's package installed.
 install_client_packages() {
     local pkgs=$IDEM_CLIENT_PACKAGES
     command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
     command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
+    command -v javac >/dev/null 2>&1 || pkgs="$pkgs default-jdk-headless"
+    command -v go >/dev/null 2>&1 || pkgs="$pkgs golang-go"
     install_packages $pkgs
 }
 

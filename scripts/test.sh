@@ -4,7 +4,7 @@
 # Installs what is missing from Debian's packages, builds and installs the
 # extension, starts a throwaway cluster with the library preloaded, runs the
 # pg_regress (sql/), isolation (specs/) and TAP (t/) suites and the
-# end-to-end tests of the example clients (examples/python, examples/node),
+# end-to-end tests of the example clients (examples/python, node, java, go),
 # stops the services and the cluster whatever happens, and exits non-zero on
 # any failure with the diffs printed.  Works as root or as a user with sudo.
 set -euo pipefail
@@ -80,10 +80,13 @@ run_walkthrough
 # The example clients: each test starts its HTTP service on 127.0.0.1 and
 # sends it real requests.  They run as the invoking user, from a copy of
 # examples/ of their own, in a process group that is ended afterwards, with a
-# time limit; the services connect over TCP as the role idem_app.
+# time limit; the services connect over TCP as the role idem_app.  The Java
+# and Go services, and the Node one a second time, are checked by the Python
+# service's test (test_payments_service.py --service-command).
 clients_dir=$IDEM_TMP/clients
 IDEM_GROUPS=$clients_dir/groups
 client_env=(PGHOST=127.0.0.1 PGPORT="$PGPORT" PGDATABASE=idem_examples PGUSER=idem_app)
+jdbc_jar=/usr/share/java/postgresql.jar
 
 # Called as an if condition, where set -e does not apply: every step says
 # whether it failed.
@@ -91,7 +94,8 @@ setup_clients() {
     local bindir
     bindir=$("$PG_CONFIG" --bindir)
     as_root install -d -o "$(id -u)" -g "$(id -g)" "$clients_dir" || return
-    tar -C "$IDEM_ROOT/examples" --exclude=node_modules --exclude=__pycache__ -cf - . \
+    tar -C "$IDEM_ROOT/examples" --exclude=node_modules --exclude=__pycache__ \
+        --exclude=./java/classes --exclude=./go/payments_service -cf - . \
         | tar -C "$clients_dir" -xf - || return
     as_postgres "$bindir/createdb" idem_examples || return
     as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d idem_examples \
@@ -278,11 +282,43 @@ EOF
     fi
 }
 
+# build_client NAME DIR COMMAND...: the build step of a compiled client,
+# time-limited; when it fails, the client's suite counts as one failure.
+build_client() {
+    local name=$1 dir=$2
+    shift 2
+    log "building $name"
+    if (cd "$dir" && timeout -k 10 600 "$@"); then
+        return 0
+    fi
+    log "building $name failed"
+    failed_suites+=("$name")
+    failed=$((failed + 1))
+    return 1
+}
+
 if setup_clients; then
     run_client clients-python "$clients_dir/python" \
         /usr/bin/python3 -u test_payments_service.py
     run_client clients-node "$clients_dir/node" \
         node --test --test-reporter=tap test/payments.test.js
+    run_client clients-node-py "$clients_dir/node" \
+        /usr/bin/python3 -u ../python/test_payments_service.py --service-command "node server.js"
+    if build_client clients-java "$clients_dir/java" \
+        javac -Xlint:all -Werror -cp "$jdbc_jar" -d classes PaymentsService.java; then
+        run_client clients-java "$clients_dir/java" \
+            /usr/bin/python3 -u ../python/test_payments_service.py \
+            --service-command "java -cp $jdbc_jar:classes PaymentsService"
+    fi
+    # pgx v4 and what it imports from Debian's sources in GOPATH mode: no
+    # module download.
+    if build_client clients-go "$clients_dir/go" \
+        env GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= GOCACHE="$clients_dir/go-cache" \
+        go build -o payments_service .; then
+        run_client clients-go "$clients_dir/go" \
+            /usr/bin/python3 -u ../python/test_payments_service.py \
+            --service-command ./payments_service
+    fi
     check_schema_refusal
     run_pgbouncer
 else

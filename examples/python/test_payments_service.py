@@ -1,20 +1,28 @@
 #!/usr/bin/env python3
-"""End-to-end test of payments_service.py against a running PostgreSQL.
+"""End-to-end test of an example payments service against a running PostgreSQL.
 
 Starts the service on a free port of 127.0.0.1, sends it real HTTP requests
 and checks the answers and the payments table.  The database comes from
 libpq's environment (PGHOST, PGPORT, PGDATABASE, PGUSER) and must hold
 examples/schema.sql; scripts/test.sh sets all of that up.
 
+The service is payments_service.py beside this file, or the one that
+--service-command starts: any of the examples, which all take "--port 0
+--quiet" and print "listening on http://127.0.0.1:PORT" first:
+
+    test_payments_service.py --service-command "node ../node/server.js"
+
 Prints one line per check and ends with "N passed, N failed"; exits 1 when a
 check failed.  Every wait is bounded; the service is stopped whatever happens.
 """
 
+import argparse
 import http.client
 import json
 import os
 import random
 import select
+import shlex
 import socket
 import subprocess
 import sys
@@ -45,12 +53,12 @@ def check(name, condition, detail=""):
 
 
 class Service:
-    """payments_service.py as a child process."""
+    """The service under test as a child process: COMMAND --port 0 --quiet."""
 
-    def __init__(self):
+    def __init__(self, command):
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", SERVICE, "--port", "0", "--quiet"],
+            command + ["--port", "0", "--quiet"],
             stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
         self.port = self._read_port(timeout=30)
         self._wait_for_port(timeout=30)
@@ -314,12 +322,21 @@ def test_rollback_and_failure(port, db):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--service-command", metavar="COMMAND",
+        help="the command that starts the service, as one shell-quoted string;"
+             " it must exec the service, which gets SIGTERM at the end"
+             " (default: payments_service.py)")
+    args = parser.parse_args()
+    command = ([sys.executable, "-u", SERVICE] if args.service_command is None
+               else shlex.split(args.service_command))
     service = None
     db = None
     try:
         db = psycopg2.connect("")
         db.autocommit = True
-        service = Service()
+        service = Service(command)
         print("service on 127.0.0.1:%d" % service.port, flush=True)
         test_bad_keys(service.port, db)
         key, body, first = test_concurrent(service.port, db)
