@@ -60,7 +60,7 @@ const (
 )
 
 const claimSQL = `
-    SELECT outcome, token, http_status, headers, body, error_code, retry_after
+    SELECT outcome, token, http_status, headers, raw_body, error_code, retry_after
       FROM idem_claim($1, $2, $3::jsonb)`
 
 var (
@@ -68,11 +68,24 @@ var (
 	paymentPath     = regexp.MustCompile(`^/payments/([A-Za-z0-9_]+)$`)
 )
 
-// An HTTP answer: status, headers and a JSON body (nil for none).
+// An HTTP answer: status, headers as [name, value] pairs (in order, repeats
+// kept) and the body's bytes.  The stored response is exactly what was
+// sent, so a replay sends the same bytes.
 type answer struct {
 	status  int
-	headers map[string]string
-	body    interface{}
+	headers [][2]string
+	body    []byte
+}
+
+var jsonType = [2]string{"Content-Type", "application/json"}
+
+// jsonAnswer is a JSON answer with Content-Type and any further headers.
+func jsonAnswer(status int, body interface{}, more ...[2]string) (answer, error) {
+	data, err := encodeJSON(body)
+	if err != nil {
+		return answer{}, err
+	}
+	return answer{status, append([][2]string{jsonType}, more...), data}, nil
 }
 
 type clientError struct {
@@ -92,8 +105,8 @@ type decision struct {
 	Outcome    string
 	Token      *string
 	HTTPStatus *int32
-	Headers    []byte // jsonb
-	Body       []byte // jsonb
+	Headers    []byte // jsonb: [name, value] pairs
+	RawBody    []byte // bytea
 	ErrorCode  *string
 	RetryAfter *int32
 }
@@ -112,9 +125,9 @@ func decodeJSON(data []byte, v interface{}) error {
 	return nil
 }
 
-// encodeJSON is one serialization for the first answer and its replays
-// (jsonb gives a stored body back with its keys in another order): object
-// keys sorted, same bytes.
+// encodeJSON writes a JSON value compactly (encoding/json sorts map keys;
+// replays need nothing of it, since the response is stored as the bytes
+// sent).
 func encodeJSON(v interface{}) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
@@ -154,29 +167,23 @@ func answerFor(d *decision) (answer, error) {
 	}
 	switch d.Outcome {
 	case "replay":
-		headers := map[string]string{}
+		// The stored status, headers and body bytes, exactly as first
+		// sent, and the marker.
+		var headers [][2]string
 		if d.Headers != nil {
 			if err := json.Unmarshal(d.Headers, &headers); err != nil {
 				return answer{}, err
 			}
 		}
-		headers["Idempotent-Replayed"] = "true"
-		var body interface{}
-		if d.Body != nil {
-			if err := decodeJSON(d.Body, &body); err != nil {
-				return answer{}, err
-			}
-		}
-		return answer{int(*d.HTTPStatus), headers, body}, nil
+		headers = append(headers, [2]string{"Idempotent-Replayed", "true"})
+		return answer{int(*d.HTTPStatus), headers, d.RawBody}, nil
 	case "in_progress":
-		return answer{409, map[string]string{"Retry-After": strconv.Itoa(int(*d.RetryAfter))},
-			errorBody(code, "a request with this Idempotency-Key is still being processed")}, nil
+		return jsonAnswer(409, errorBody(code, "a request with this Idempotency-Key is still being processed"),
+			[2]string{"Retry-After", strconv.Itoa(int(*d.RetryAfter))})
 	case "mismatch":
-		return answer{422, nil,
-			errorBody(code, "this Idempotency-Key was used for a different request")}, nil
+		return jsonAnswer(422, errorBody(code, "this Idempotency-Key was used for a different request"))
 	case "unknown":
-		return answer{409, nil,
-			errorBody(code, "the outcome of the first attempt is unknown; query the payment before retrying")}, nil
+		return jsonAnswer(409, errorBody(code, "the outcome of the first attempt is unknown; query the payment before retrying"))
 	}
 	return answer{}, fmt.Errorf("unexpected outcome %q", d.Outcome)
 }
@@ -217,7 +224,7 @@ func createPayment(ctx context.Context, pool *pgxpool.Pool, key string, request 
 	return inTransaction(ctx, pool, func(tx pgx.Tx) (answer, error) {
 		var d decision
 		err := tx.QueryRow(ctx, claimSQL, operation, key, string(reqJSON)).
-			Scan(&d.Outcome, &d.Token, &d.HTTPStatus, &d.Headers, &d.Body, &d.ErrorCode, &d.RetryAfter)
+			Scan(&d.Outcome, &d.Token, &d.HTTPStatus, &d.Headers, &d.RawBody, &d.ErrorCode, &d.RetryAfter)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && (pgErr.Code == "22023" || pgErr.Code == "22004") {
 			// A bad key (invalid_parameter_value, null_value_not_allowed):
@@ -234,15 +241,15 @@ func createPayment(ctx context.Context, pool *pgxpool.Pool, key string, request 
 		amount, currency, problem := validate(request)
 		if problem != "" {
 			// A stable failure: stored, replayed to every retry.
-			body := errorBody("VALIDATION_FAILED", problem)
-			bodyJSON, err := encodeJSON(body)
+			a, err := jsonAnswer(400, errorBody("VALIDATION_FAILED", problem))
 			if err != nil {
 				return answer{}, err
 			}
-			if _, err := tx.Exec(ctx, `SELECT idem_fail($1, 400, $2::jsonb)`, *d.Token, string(bodyJSON)); err != nil {
+			if err := store(ctx, tx, `SELECT idem_fail($1, 400, headers => $2::jsonb, raw_body => $3)`,
+				*d.Token, a); err != nil {
 				return answer{}, err
 			}
-			return answer{400, nil, body}, nil
+			return a, nil
 		}
 		var id string
 		if err := tx.QueryRow(ctx, `INSERT INTO payments (idempotency_key, amount, currency)
@@ -255,22 +262,28 @@ func createPayment(ctx context.Context, pool *pgxpool.Pool, key string, request 
 		if fail {
 			return answer{}, errors.New("simulated failure after the write")
 		}
-		body := paymentBody(id, amount, currency)
-		headers := map[string]string{"Location": "/payments/" + id}
-		bodyJSON, err := encodeJSON(body)
+		a, err := jsonAnswer(201, paymentBody(id, amount, currency), [2]string{"Location", "/payments/" + id})
 		if err != nil {
 			return answer{}, err
 		}
-		headersJSON, err := encodeJSON(headers)
-		if err != nil {
+		if err := store(ctx, tx, `SELECT idem_complete($1, 201, headers => $2::jsonb, raw_body => $3,
+		                                           resource_id => $4)`, *d.Token, a, id); err != nil {
 			return answer{}, err
 		}
-		if _, err := tx.Exec(ctx, `SELECT idem_complete($1, 201, $2::jsonb, $3::jsonb, $4)`,
-			*d.Token, string(bodyJSON), string(headersJSON), id); err != nil {
-			return answer{}, err
-		}
-		return answer{201, headers, body}, nil
+		return a, nil
 	})
+}
+
+// store runs idem_complete or idem_fail with the token, the answer's
+// headers (as a JSON list of pairs) and body bytes, and any further
+// arguments.
+func store(ctx context.Context, tx pgx.Tx, sql, token string, a answer, more ...interface{}) error {
+	headers, err := json.Marshal(a.headers)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, sql, append([]interface{}{token, string(headers), a.body}, more...)...)
+	return err
 }
 
 func paymentBody(id string, amount int64, currency string) map[string]interface{} {
@@ -284,11 +297,11 @@ func getPayment(ctx context.Context, pool *pgxpool.Pool, id string) (answer, err
 		err := tx.QueryRow(ctx, `SELECT id, amount, currency FROM payments WHERE id = $1`, id).
 			Scan(&id, &amount, &currency)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return answer{404, nil, errorBody("NOT_FOUND", "no such payment")}, nil
+			return jsonAnswer(404, errorBody("NOT_FOUND", "no such payment"))
 		} else if err != nil {
 			return answer{}, err
 		}
-		return answer{200, nil, paymentBody(id, amount, currency)}, nil
+		return jsonAnswer(200, paymentBody(id, amount, currency))
 	})
 }
 
@@ -341,25 +354,20 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	result, err := s.route(r)
 	var ce *clientError
 	if errors.As(err, &ce) {
-		result = answer{ce.status, nil, errorBody(ce.errorCode, ce.message)}
+		result, err = jsonAnswer(ce.status, errorBody(ce.errorCode, ce.message))
 	} else if err != nil { // the transaction rolled back: a retry proceeds
 		log.Printf("%s %s failed: %v", r.Method, r.URL.RequestURI(), err)
-		result = answer{500, nil, errorBody("INTERNAL_ERROR", "try again")}
+		result, err = jsonAnswer(500, errorBody("INTERNAL_ERROR", "try again"))
 	}
-	var data []byte
-	if result.body != nil {
-		if data, err = encodeJSON(result.body); err != nil {
-			log.Printf("%s %s: cannot encode the answer: %v", r.Method, r.URL.RequestURI(), err)
-			result, data = answer{status: 500}, nil
-		}
+	if err != nil {
+		result = answer{status: 500}
 	}
-	w.Header().Set("Content-Type", "application/json")
-	for name, value := range result.headers {
-		w.Header().Set(name, value)
+	for _, h := range result.headers {
+		w.Header().Add(h[0], h[1])
 	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	w.Header().Set("Content-Length", strconv.Itoa(len(result.body)))
 	w.WriteHeader(result.status)
-	w.Write(data)
+	w.Write(result.body)
 	if s.verbose {
 		log.Printf("%s %s %d", r.Method, r.URL.RequestURI(), result.status)
 	}

@@ -56,7 +56,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
-import java.util.TreeMap;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
@@ -75,14 +74,30 @@ public final class PaymentsService {
     static final Set<String> BAD_INPUT = Set.of("22023", "22004");
 
     static final String CLAIM_SQL =
-        "SELECT outcome, token, http_status, headers::text, body::text, error_code, retry_after"
+        "SELECT outcome, token, http_status, headers::text, raw_body, error_code, retry_after"
         + " FROM idem_claim(?, ?, ?::jsonb)";
 
     static final Pattern CURRENCY = Pattern.compile("[A-Z]{3}");
     static final Pattern PAYMENT_PATH = Pattern.compile("/payments/([A-Za-z0-9_]+)");
 
-    /** An HTTP answer: status, headers and a JSON body (null for none). */
-    record Answer(int status, Map<String, String> headers, Object body) {}
+    /**
+     * An HTTP answer: status, headers as [name, value] pairs (in order,
+     * repeats kept) and the body's bytes.  The stored response is exactly
+     * what was sent, so a replay sends the same bytes.
+     */
+    record Answer(int status, List<List<String>> headers, byte[] body) {}
+
+    static final List<String> JSON_TYPE = List.of("Content-Type", "application/json");
+
+    /** A JSON answer, with Content-Type and any further name, value pairs. */
+    static Answer json(int status, Object body, String... more) {
+        List<List<String>> headers = new ArrayList<>();
+        headers.add(JSON_TYPE);
+        for (int i = 0; i + 1 < more.length; i += 2) {
+            headers.add(List.of(more[i], more[i + 1]));
+        }
+        return new Answer(status, headers, Json.write(body).getBytes(StandardCharsets.UTF_8));
+    }
 
     static final class ClientError extends Exception {
         private static final long serialVersionUID = 1L;
@@ -219,26 +234,28 @@ public final class PaymentsService {
         String errorCode = d.getString("error_code");
         switch (outcome) {
             case "replay": {
-                Map<String, String> headers = new LinkedHashMap<>();
+                // The stored status, headers and body bytes, exactly as
+                // first sent, and the marker.
+                List<List<String>> headers = new ArrayList<>();
                 String stored = d.getString("headers");
                 if (stored != null) {
-                    for (Map.Entry<String, Object> h : Json.object(stored).entrySet()) {
-                        headers.put(h.getKey(), String.valueOf(h.getValue()));
+                    for (Object pair : (List<?>) Json.parse(stored)) {
+                        List<?> p = (List<?>) pair;
+                        headers.add(List.of((String) p.get(0), (String) p.get(1)));
                     }
                 }
-                headers.put("Idempotent-Replayed", "true");
-                String body = d.getString("body");
+                headers.add(List.of("Idempotent-Replayed", "true"));
+                byte[] body = d.getBytes("raw_body");
                 return new Answer(d.getInt("http_status"), headers,
-                                  body == null ? null : Json.parse(body));
+                                  body == null ? new byte[0] : body);
             }
             case "in_progress":
-                return new Answer(409, Map.of("Retry-After", String.valueOf(d.getInt("retry_after"))),
-                    error(errorCode, "a request with this Idempotency-Key is still being processed"));
+                return json(409, error(errorCode, "a request with this Idempotency-Key is still being processed"),
+                            "Retry-After", String.valueOf(d.getInt("retry_after")));
             case "mismatch":
-                return new Answer(422, Map.of(),
-                    error(errorCode, "this Idempotency-Key was used for a different request"));
+                return json(422, error(errorCode, "this Idempotency-Key was used for a different request"));
             case "unknown":
-                return new Answer(409, Map.of(), error(errorCode,
+                return json(409, error(errorCode,
                     "the outcome of the first attempt is unknown; query the payment before retrying"));
             default:
                 throw new IllegalStateException("unexpected outcome " + outcome);
@@ -272,14 +289,15 @@ public final class PaymentsService {
                 String problem = validate(request);
                 if (problem != null) {
                     // A stable failure: stored, replayed to every retry.
-                    Map<String, Object> body = error("VALIDATION_FAILED", problem);
+                    Answer a = json(400, error("VALIDATION_FAILED", problem));
                     try (PreparedStatement failed = conn.prepareStatement(
-                            "SELECT idem_fail(?, 400, ?::jsonb)")) {
+                            "SELECT idem_fail(?, 400, headers => ?::jsonb, raw_body => ?)")) {
                         failed.setString(1, token);
-                        failed.setString(2, Json.write(body));
+                        failed.setString(2, Json.write(a.headers()));
+                        failed.setBytes(3, a.body());
                         failed.execute();
                     }
-                    return new Answer(400, Map.of(), body);
+                    return a;
                 }
                 long amount = ((Json.Number) request.get("amount")).asLong();
                 String currency = (String) request.get("currency");
@@ -301,17 +319,18 @@ public final class PaymentsService {
                 if (fail) {
                     throw new IllegalStateException("simulated failure after the write");
                 }
-                Map<String, Object> body = payment(paymentId, amount, currency);
-                Map<String, String> headers = Map.of("Location", "/payments/" + paymentId);
+                Answer a = json(201, payment(paymentId, amount, currency),
+                                "Location", "/payments/" + paymentId);
                 try (PreparedStatement complete = conn.prepareStatement(
-                        "SELECT idem_complete(?, 201, ?::jsonb, ?::jsonb, ?)")) {
+                        "SELECT idem_complete(?, 201, headers => ?::jsonb, resource_id => ?,"
+                        + " raw_body => ?)")) {
                     complete.setString(1, token);
-                    complete.setString(2, Json.write(body));
-                    complete.setString(3, Json.write(headers));
-                    complete.setString(4, paymentId);
+                    complete.setString(2, Json.write(a.headers()));
+                    complete.setString(3, paymentId);
+                    complete.setBytes(4, a.body());
                     complete.execute();
                 }
-                return new Answer(201, headers, body);
+                return a;
             }
         });
     }
@@ -332,10 +351,9 @@ public final class PaymentsService {
                 select.setString(1, paymentId);
                 try (ResultSet r = select.executeQuery()) {
                     if (!r.next()) {
-                        return new Answer(404, Map.of(), error("NOT_FOUND", "no such payment"));
+                        return json(404, error("NOT_FOUND", "no such payment"));
                     }
-                    return new Answer(200, Map.of(),
-                                      payment(r.getString(1), r.getLong(2), r.getString(3)));
+                    return json(200, payment(r.getString(1), r.getLong(2), r.getString(3)));
                 }
             }
         });
@@ -369,10 +387,10 @@ public final class PaymentsService {
             try {
                 result = route(ex, method, path);
             } catch (ClientError e) {
-                result = new Answer(e.status, Map.of(), error(e.errorCode, e.getMessage()));
+                result = json(e.status, error(e.errorCode, e.getMessage()));
             } catch (Exception e) { // the transaction rolled back: a retry proceeds
                 System.err.println(method + " " + path + " failed: " + e);
-                result = new Answer(500, Map.of(), error("INTERNAL_ERROR", "try again"));
+                result = json(500, error("INTERNAL_ERROR", "try again"));
             }
             try {
                 respond(ex, result);
@@ -430,11 +448,9 @@ public final class PaymentsService {
         }
 
         private static void respond(HttpExchange ex, Answer a) throws IOException {
-            byte[] data = a.body() == null ? new byte[0]
-                : Json.write(a.body()).getBytes(StandardCharsets.UTF_8);
-            ex.getResponseHeaders().set("Content-Type", "application/json");
-            for (Map.Entry<String, String> h : a.headers().entrySet()) {
-                ex.getResponseHeaders().set(h.getKey(), h.getValue());
+            byte[] data = a.body();
+            for (List<String> h : a.headers()) {
+                ex.getResponseHeaders().add(h.get(0), h.get(1));
             }
             ex.sendResponseHeaders(a.status(), data.length == 0 ? -1 : data.length);
             if (data.length > 0) {
@@ -503,9 +519,9 @@ public final class PaymentsService {
     /**
      * JSON as this service needs it: objects as maps, arrays as lists,
      * strings, numbers kept as their text (Json.Number), true, false and
-     * null.  write() sorts object keys and escapes non-ASCII characters, so
-     * that the first answer and its replays (jsonb gives a stored body back
-     * with its keys in its own order) have the same bytes.
+     * null.  write() keeps a map's own key order and escapes non-ASCII
+     * characters; replays need nothing of it, since the response is stored
+     * as the bytes sent.
      */
     static final class Json {
         record Number(String text) {
@@ -677,7 +693,7 @@ public final class PaymentsService {
             }
         }
 
-        /** Writes a value compactly, object keys sorted. */
+        /** Writes a value compactly, object keys in the map's order. */
         static String write(Object v) {
             StringBuilder b = new StringBuilder();
             write(b, v);
@@ -696,7 +712,7 @@ public final class PaymentsService {
             } else if (v instanceof Map<?, ?> m) {
                 b.append('{');
                 String sep = "";
-                for (Map.Entry<?, ?> e : new TreeMap<>(m).entrySet()) {
+                for (Map.Entry<?, ?> e : m.entrySet()) {
                     b.append(sep);
                     quote(b, (String) e.getKey());
                     b.append(':');
