@@ -114,6 +114,17 @@ median() {
 }
 now() { date +%s.%N; }
 
+# Over the file $results of a part ("variant<TAB>tps" per run): the median
+# tps of a variant, whether it ran, and the median over rounds of the ratio
+# a/b measured within each round.
+tps_of() { awk -F'\t' -v v="$1" '$1 == v { print $2 }' "$results" | median; }
+has_variant() { grep -q "^$1	" "$results"; }
+round_ratio() {
+    awk -F'\t' -v a="$1" -v b="$2" '$1 == a { x[++na] = $2 } $1 == b { y[++nb] = $2 }
+        END { for (i = 1; i <= na && i <= nb; i++) printf "%.4f\n", x[i] / y[i] }' "$results" |
+        median | awk '{ printf "%.2f", $1 }'
+}
+
 # Set one of the worker's settings and reload (the worker wakes up at once).
 worker_setting() {
     psql_bench -c "ALTER SYSTEM SET idempotency.$1 = '$2'" -c "SELECT pg_reload_conf()" >/dev/null
@@ -215,14 +226,6 @@ part_tps() {
         done
         psql_bench -c "VACUUM ANALYZE"
     done
-    tps_of() { awk -F'\t' -v v="$1" '$1 == v { print $2 }' "$results" | median; }
-    has_variant() { grep -q "^$1	" "$results"; }
-    # The median over rounds of the ratio a/b within each round.
-    round_ratio() {
-        awk -F'\t' -v a="$1" -v b="$2" '$1 == a { x[++na] = $2 } $1 == b { y[++nb] = $2 }
-            END { for (i = 1; i <= na && i <= nb; i++) printf "%.4f\n", x[i] / y[i] }' "$results" |
-            median | awk '{ printf "%.2f", $1 }'
-    }
     {
         echo "### Throughput: the extension, the floor and the PL/pgSQL peer"
         echo
@@ -505,12 +508,6 @@ SQL
             done
         done
     done
-    resp_tps() { awk -F'\t' -v v="$1" '$1 == v { print $2 }' "$results" | median; }
-    resp_ratio() {
-        awk -F'\t' -v a="$1" -v b="$2" '$1 == a { x[++na] = $2 } $1 == b { y[++nb] = $2 }
-            END { for (i = 1; i <= na && i <= nb; i++) printf "%.4f\n", x[i] / y[i] }' "$results" |
-            median | awk '{ printf "%.2f", $1 }'
-    }
     {
         echo "### Responses: jsonb, raw bytes, encrypted at rest (1 KB body)"
         echo
@@ -518,9 +515,9 @@ SQL
         echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
         for w in replay new; do
             printf '| %s | %.0f | %.0f | %.0f | %s | %s | %s |\n' "$w" \
-                "$(resp_tps "${w}_jsonb")" "$(resp_tps "${w}_raw")" "$(resp_tps "${w}_enc")" \
-                "$(resp_ratio "${w}_raw" "${w}_jsonb")" "$(resp_ratio "${w}_enc" "${w}_jsonb")" \
-                "$(resp_ratio "${w}_enc" "${w}_raw")"
+                "$(tps_of "${w}_jsonb")" "$(tps_of "${w}_raw")" "$(tps_of "${w}_enc")" \
+                "$(round_ratio "${w}_raw" "${w}_jsonb")" "$(round_ratio "${w}_enc" "${w}_jsonb")" \
+                "$(round_ratio "${w}_enc" "${w}_raw")"
         done
         echo
         echo "Medians of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run, -M prepared;"
