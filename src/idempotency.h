@@ -25,6 +25,7 @@ extern int	idem_naptime_ms;
 extern int	idem_cleanup_batch_size;
 extern int	idem_cleanup_max_batches;
 extern int	idem_cleanup_grace_s;
+extern int	idem_tombstone_ttl_s;
 extern int	idem_cleanup_delay_ms;
 extern bool idem_synchronous_outcomes;
 extern bool idem_preloaded;

@@ -9,9 +9,25 @@
  * their on_lease_expiry policy says; updated_at becomes the clock and
  * expires_at the clock plus the record's ttl.  Nothing else changes.
  *
- * Cleanup: records in a terminal state (succeeded, failed, retryable) whose
- * expires_at lies more than idempotency.cleanup_grace in the past are
- * deleted.  unknown and processing records are never deleted here.
+ * Cleanup, in two passes over records in a terminal state (succeeded,
+ * failed, retryable); unknown and processing records are never touched:
+ *
+ *	 - cleanup deletes the records whose expires_at lies more than
+ *	   idempotency.cleanup_grace plus idempotency.tombstone_ttl in the past;
+ *	 - purge turns the records whose expires_at lies more than
+ *	   idempotency.cleanup_grace in the past into tombstones: their stored
+ *	   response (headers, body, raw body, sealed response, resource id) is
+ *	   set to NULL; scope, key, fingerprint, state, status and timestamps
+ *	   stay, so that a late retry is answered expired (decision.c) instead
+ *	   of running the command again.
+ *
+ * Deleting first leaves purge nothing to do for records that are past both
+ * cutoffs.  With tombstone_ttl 0 purge does not run and cleanup deletes as
+ * version 1.0 did; so it does on a table still at 1.0 (the columns to
+ * purge are 1.1's).  Purge picks its rows through idem_records_unpurged, an
+ * index of the records that still hold a response, so that it never walks
+ * the tombstones it made; cleanup reads idem_records_expiry from the oldest
+ * expiry on, which holds only rows it deletes.
  *
  * Each pass is one statement that picks at most N rows in index order with
  * FOR UPDATE SKIP LOCKED and changes them:
@@ -110,6 +126,7 @@ typedef struct PassDef
 static const PassDef pass_defs[IDEM_NUM_PASSES] = {
 	[IDEM_PASS_LEASES] = {"lease expiry", SPI_OK_UPDATE},
 	[IDEM_PASS_CLEANUP] = {"cleanup", SPI_OK_DELETE},
+	[IDEM_PASS_PURGE] = {"purge", SPI_OK_UPDATE},
 };
 
 /* The kept plans, and the extension and schema they were prepared for. */
@@ -117,12 +134,14 @@ static PassPlans plans[IDEM_NUM_PASSES];
 static Oid	plans_extoid = InvalidOid;
 static Oid	plans_nspoid = InvalidOid;
 static char *plans_nspname = NULL;
+static bool plans_tombstones = false;	/* table has the 1.1 columns */
 
 static void free_pass_plans(PassPlans *pp);
 static void prepare_pass_plans(PassPlans *pp, const char *action,
 							   const char *selection);
 static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass);
+static bool pass_enabled(IdemPass pass);
 static Datum ids_array(const int64 *ids, int n);
 static uint64 execute_pass_plan(SPIPlanPtr plan, Datum *values, int expected);
 static bool execute_in_subtransaction(SPIPlanPtr plan, Datum *values,
@@ -181,6 +200,7 @@ idem_maintenance_forget(void)
 
 	for (i = 0; i < IDEM_NUM_PASSES; i++)
 		free_pass_plans(&plans[i]);
+	plans_tombstones = false;
 	plans_extoid = InvalidOid;
 	plans_nspoid = InvalidOid;
 	if (plans_nspname != NULL)
@@ -203,10 +223,20 @@ idem_maintenance_prepare(Oid extoid)
 	char	   *nspname = get_namespace_name(nspoid);
 	PassPlans	built[IDEM_NUM_PASSES];
 	const char *nsp;
+	bool		tombstones;
+	Oid			tableoid;
+	int			i;
+
+	/* ALTER EXTENSION ... UPDATE to 1.1 adds the columns purge clears */
+	tableoid = nspname == NULL ? InvalidOid :
+		get_relname_relid(IDEM_RECORDS_TABLE, nspoid);
+	tombstones = OidIsValid(tableoid) &&
+		get_attnum(tableoid, "response_sealed") != InvalidAttrNumber;
 
 	if (plans[IDEM_PASS_LEASES].batch != NULL && extoid == plans_extoid &&
 		nspoid == plans_nspoid && nspname != NULL &&
-		strcmp(nspname, plans_nspname) == 0)
+		strcmp(nspname, plans_nspname) == 0 &&
+		tombstones == plans_tombstones)
 		return;
 
 	idem_maintenance_forget();
@@ -259,16 +289,47 @@ idem_maintenance_prepare(Oid extoid)
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
 			nsp, nsp));
+
+		/*
+		 * The response conditions are those of idem_records_unpurged's
+		 * predicate, word for word, so that the planner can use it.
+		 * updated_at stays: the tombstone keeps the record's timestamps.
+		 */
+		if (tombstones)
+			prepare_pass_plans(&built[IDEM_PASS_PURGE],
+							   psprintf(
+				"UPDATE %s.idem_records AS r"
+				"   SET response_headers = NULL, response_body = NULL,"
+				"       response_raw_body = NULL, response_sealed = NULL,"
+				"       resource_id = NULL"
+				" WHERE r.id OPERATOR(pg_catalog.=) ANY ",
+				nsp),
+							   psprintf(
+				"SELECT p.id FROM %s.idem_records AS p"
+				" WHERE p.state OPERATOR(pg_catalog.=) ANY"
+				"       ('{succeeded,failed,retryable}'::%s.idem_state[])"
+				"   AND (p.response_headers IS NOT NULL"
+				"        OR p.response_body IS NOT NULL"
+				"        OR p.response_raw_body IS NOT NULL"
+				"        OR p.response_sealed IS NOT NULL"
+				"        OR p.resource_id IS NOT NULL)"
+				"   AND p.expires_at OPERATOR(pg_catalog.<) $1"
+				"   AND p.id OPERATOR(pg_catalog.<>) ALL ($3)"
+				" ORDER BY p.expires_at"
+				" LIMIT $2"
+				" FOR UPDATE SKIP LOCKED",
+				nsp, nsp));
 	}
 	PG_CATCH();
 	{
-		free_pass_plans(&built[IDEM_PASS_LEASES]);
-		free_pass_plans(&built[IDEM_PASS_CLEANUP]);
+		for (i = 0; i < IDEM_NUM_PASSES; i++)
+			free_pass_plans(&built[i]);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 
 	memcpy(plans, built, sizeof(plans));
+	plans_tombstones = tombstones;
 	plans_extoid = extoid;
 	plans_nspoid = nspoid;
 	plans_nspname = MemoryContextStrdup(TopMemoryContext, nspname);
@@ -323,17 +384,33 @@ idem_pass_begin(IdemPassRun *run, IdemPass pass)
 
 /*
  * The clock for the lease pass (not the transaction start: a lease ends
- * when the clock says so), less idempotency.cleanup_grace for cleanup.
+ * when the clock says so), less idempotency.cleanup_grace for purge, and
+ * less idempotency.tombstone_ttl besides for cleanup when the table keeps
+ * tombstones.
  */
 static TimestampTz
 pass_cutoff(IdemPass pass)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	int64		back_s = idem_cleanup_grace_s;
 
 	if (pass == IDEM_PASS_LEASES)
 		return now;
-	return TimestampTzPlusMilliseconds(now,
-									   -((int64) idem_cleanup_grace_s) * 1000);
+	if (pass == IDEM_PASS_CLEANUP && plans_tombstones)
+		back_s += idem_tombstone_ttl_s;
+	return now - back_s * USECS_PER_SEC;
+}
+
+/*
+ * Whether a pass has anything to do: purge does not run when tombstones
+ * are not kept (tombstone_ttl 0, or a table still at 1.0).
+ */
+static bool
+pass_enabled(IdemPass pass)
+{
+	if (pass == IDEM_PASS_PURGE)
+		return plans_tombstones && idem_tombstone_ttl_s > 0;
+	return true;
 }
 
 /*
@@ -368,6 +445,11 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	int			picked;
 	int64		changed;
 
+	if (!pass_enabled(run->pass))
+	{
+		*more = false;
+		return 0;
+	}
 	Assert(plans[run->pass].batch != NULL);
 	values[0] = TimestampTzGetDatum(pass_cutoff(run->pass));
 	values[1] = Int32GetDatum(limit);
@@ -637,11 +719,12 @@ idem_expire_leases(PG_FUNCTION_ARGS)
  *
  * Cleanup in the caller's transaction: up to max_batches DELETE statements
  * of batch_size rows each (the settings when NULL), stopping at the first
- * batch that finds fewer rows.  A function cannot commit, so every deleted
- * row stays locked until the caller's transaction ends: to drain a large
- * backlog from SQL, call it repeatedly with a small max_batches, each call
- * in its own transaction (as pg_cron does).  Returns how many records were
- * deleted; records that cannot be deleted are skipped with a WARNING.
+ * batch that finds fewer rows, then as many purge statements in the same
+ * way.  A function cannot commit, so every changed row stays locked until
+ * the caller's transaction ends: to drain a large backlog from SQL, call it
+ * repeatedly with a small max_batches, each call in its own transaction (as
+ * pg_cron does).  Returns how many records were deleted or made
+ * tombstones; records that cannot be changed are skipped with a WARNING.
  */
 Datum
 idem_cleanup(PG_FUNCTION_ARGS)
@@ -650,19 +733,25 @@ idem_cleanup(PG_FUNCTION_ARGS)
 											   idem_cleanup_batch_size);
 	int			max_batches = positive_argument(fcinfo, 1, "max_batches",
 												idem_cleanup_max_batches);
-	IdemPassRun run;
-	int64		deleted = 0;
-	bool		more = true;
-	int			i;
+	IdemPass	passes[] = {IDEM_PASS_CLEANUP, IDEM_PASS_PURGE};
+	int64		changed = 0;
+	int			p;
 
-	idem_pass_begin(&run, IDEM_PASS_CLEANUP);
 	connect_and_prepare();
-	for (i = 0; i < max_batches && more; i++)
+	for (p = 0; p < lengthof(passes); p++)
 	{
-		deleted += idem_pass_batch(&run, batch_size, &more);
-		CHECK_FOR_INTERRUPTS();
+		IdemPassRun run;
+		bool		more = true;
+		int			i;
+
+		idem_pass_begin(&run, passes[p]);
+		for (i = 0; i < max_batches && more; i++)
+		{
+			changed += idem_pass_batch(&run, batch_size, &more);
+			CHECK_FOR_INTERRUPTS();
+		}
 	}
 	SPI_finish();
 
-	PG_RETURN_INT64(deleted);
+	PG_RETURN_INT64(changed);
 }
