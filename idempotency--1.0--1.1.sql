@@ -195,3 +195,52 @@ $update$;
 
 COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
     'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown or expired';
+
+--
+-- idempotency.cleanup_action = 'archive': before cleanup purges a record's
+-- response or deletes it, it copies the full record here, once per command
+-- (src/maintenance.c).  The extension never deletes from this table: its
+-- owner prunes it (docs/worker.md, "Archive").  Same columns as
+-- idem_records in 1.1, without its defaults, identity or constraints (a
+-- reused record is archived again under the same id), plus archived_at.
+-- pg_dump dumps its rows like those of idem_records; nobody but the owner
+-- may read it, whatever EXECUTE they were granted.
+--
+CREATE TABLE idem_records_archive (
+    id                 bigint NOT NULL,
+    role               text COLLATE "C" NOT NULL,
+    tenant             text COLLATE "C" NOT NULL,
+    caller             text COLLATE "C" NOT NULL,
+    operation          text COLLATE "C" NOT NULL,
+    key                text COLLATE "C" NOT NULL,
+    fingerprint        bytea NOT NULL,
+    state              idem_state NOT NULL,
+    attempt            integer NOT NULL,
+    attempt_token      bytea,
+    recovery_point     text,
+    locked_until       timestamptz,
+    on_lease_expiry    idem_lease_policy NOT NULL,
+    ttl                interval NOT NULL,
+    response_status    integer,
+    response_headers   jsonb,
+    response_body      jsonb,
+    resource_id        text,
+    created_at         timestamptz NOT NULL,
+    claimed_at         timestamptz NOT NULL,
+    updated_at         timestamptz NOT NULL,
+    completed_at       timestamptz,
+    expires_at         timestamptz NOT NULL,
+    response_raw_body  bytea,
+    response_sealed    bytea,
+    archived_at        timestamptz NOT NULL
+);
+
+-- The copy looks up (id, claimed_at); pruning goes by archived_at.
+CREATE INDEX idem_records_archive_record ON idem_records_archive (id, claimed_at);
+CREATE INDEX idem_records_archive_archived_at ON idem_records_archive (archived_at);
+
+COMMENT ON TABLE idem_records_archive IS
+    'Full copies of idempotency records made by cleanup with idempotency.cleanup_action = archive. Never deleted by the extension.';
+
+SELECT pg_catalog.pg_extension_config_dump('idem_records_archive', '');
+REVOKE ALL ON idem_records_archive FROM PUBLIC;

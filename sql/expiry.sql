@@ -154,4 +154,61 @@ SET idempotency.tombstone_ttl = 0;
 RESET ROLE;
 DROP ROLE regress_expiry_app;
 
+--
+-- 8. idempotency.cleanup_action = 'archive': before a record's response is
+-- purged, or the record deleted, its full copy goes to idem_records_archive,
+-- once per command.  The extension never deletes from the archive.
+--
+SELECT extconfig @> ARRAY['idem_records_archive'::regclass::oid] AS dumped_by_pg_dump
+  FROM pg_extension WHERE extname = 'idempotency';
+SELECT has_table_privilege('public', 'idem_records_archive', 'SELECT') AS public_can_read;
+
+SET idempotency.cleanup_action = 'archive';
+SELECT pg_temp.finished('archived', '1 hour') AS arch_id \gset
+SELECT pg_temp.finished('archived-gone', '8 days') AS arch_gone_id \gset
+SELECT claimed_at AS arch_claimed_at FROM idem_records WHERE id = :arch_id \gset
+SELECT idem_cleanup() AS cleaned;
+
+-- The stored row no longer holds the response; the archive holds all of it.
+SELECT * FROM pg_temp.kept(:arch_id);
+SELECT key, state, response_status, response_headers, response_body, resource_id,
+       key <> 'archived' OR claimed_at = :'arch_claimed_at' AS same_command,
+       archived_at >= expires_at AS archived_after_expiry
+  FROM idem_records_archive ORDER BY key;
+SELECT count(*) AS deleted_still_gone FROM idem_records WHERE id = :arch_gone_id;
+
+-- Cleanup again, and the tombstone's deletion once past its window: no
+-- second copy of the same command.
+UPDATE idem_records SET expires_at = now() - interval '8 days' WHERE id = :arch_id;
+SELECT idem_cleanup() AS cleaned;
+SELECT key, count(*) AS copies FROM idem_records_archive GROUP BY key ORDER BY key;
+
+-- A record reused for a new command is archived again under the same id.
+SELECT pg_temp.finished('reused', '1 hour') AS reused_id \gset
+SELECT idem_cleanup() AS cleaned;
+SELECT token AS reuse_token
+  FROM idem_claim('orders.create', 'reused', '{"sku": "A-1", "qty": 2}',
+                  on_expired => 'proceed') \gset
+SELECT idem_complete(:'reuse_token', 200, '{"second": true}');
+UPDATE idem_records SET expires_at = now() - interval '1 hour' WHERE id = :reused_id;
+SELECT idem_cleanup() AS cleaned;
+SELECT key, response_body, count(*) OVER (PARTITION BY id) AS copies_of_record
+  FROM idem_records_archive WHERE key = 'reused' ORDER BY archived_at;
+
+-- Back to deleting: nothing more is copied.
+RESET idempotency.cleanup_action;
+SELECT pg_temp.finished('not-archived', '8 days') IS NOT NULL AS added;
+SELECT idem_cleanup() AS cleaned;
+SELECT count(*) AS not_archived FROM idem_records_archive WHERE key = 'not-archived';
+
+-- Bad values are refused by the setting itself, and only superusers set it.
+SET idempotency.cleanup_action = 'keep';
+CREATE ROLE regress_archive_app;
+SET ROLE regress_archive_app;
+SET idempotency.cleanup_action = 'delete';
+SELECT count(*) FROM idem_records_archive;
+RESET ROLE;
+DROP ROLE regress_archive_app;
+TRUNCATE idem_records_archive;
+
 TRUNCATE idem_records;

@@ -21,6 +21,16 @@
  *	   stay, so that a late retry is answered expired (decision.c) instead
  *	   of running the command again.
  *
+ * With idempotency.cleanup_action = 'archive', both passes first copy the
+ * full record of every row they change to idem_records_archive, in the same
+ * statement (a data-modifying WITH reads the rows before the UPDATE or
+ * DELETE changes them).  A record is archived once per command: the copy is
+ * skipped when the archive holds one with the same id and claimed_at (a
+ * reused record keeps its id but is claimed again), so a record purged and
+ * later deleted is archived at the purge, with its response, and a record
+ * that never held a response is archived when it is deleted.  The
+ * extension never deletes from the archive.
+ *
  * Deleting first leaves purge nothing to do for records that are past both
  * cutoffs.  With tombstone_ttl 0 purge does not run and cleanup deletes as
  * version 1.0 did; so it does on a table still at 1.0 (the columns to
@@ -135,10 +145,12 @@ static Oid	plans_extoid = InvalidOid;
 static Oid	plans_nspoid = InvalidOid;
 static char *plans_nspname = NULL;
 static bool plans_tombstones = false;	/* table has the 1.1 columns */
+static bool plans_archive = false;	/* plans copy rows to the archive */
 
 static void free_pass_plans(PassPlans *pp);
 static void prepare_pass_plans(PassPlans *pp, const char *action,
-							   const char *selection);
+							   const char *selection, const char *archive);
+static char *archive_cte(const char *nsp);
 static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass);
 static bool pass_enabled(IdemPass pass);
@@ -201,6 +213,7 @@ idem_maintenance_forget(void)
 	for (i = 0; i < IDEM_NUM_PASSES; i++)
 		free_pass_plans(&plans[i]);
 	plans_tombstones = false;
+	plans_archive = false;
 	plans_extoid = InvalidOid;
 	plans_nspoid = InvalidOid;
 	if (plans_nspname != NULL)
@@ -224,19 +237,24 @@ idem_maintenance_prepare(Oid extoid)
 	PassPlans	built[IDEM_NUM_PASSES];
 	const char *nsp;
 	bool		tombstones;
+	bool		archive;
 	Oid			tableoid;
 	int			i;
+	const char *archive_sql = NULL;
 
 	/* ALTER EXTENSION ... UPDATE to 1.1 adds the columns purge clears */
 	tableoid = nspname == NULL ? InvalidOid :
 		get_relname_relid(IDEM_RECORDS_TABLE, nspoid);
 	tombstones = OidIsValid(tableoid) &&
 		get_attnum(tableoid, "response_sealed") != InvalidAttrNumber;
+	/* the archive comes with the same update */
+	archive = tombstones && idem_cleanup_action == IDEM_CLEANUP_ARCHIVE &&
+		OidIsValid(get_relname_relid(IDEM_ARCHIVE_TABLE, nspoid));
 
 	if (plans[IDEM_PASS_LEASES].batch != NULL && extoid == plans_extoid &&
 		nspoid == plans_nspoid && nspname != NULL &&
 		strcmp(nspname, plans_nspname) == 0 &&
-		tombstones == plans_tombstones)
+		tombstones == plans_tombstones && archive == plans_archive)
 		return;
 
 	idem_maintenance_forget();
@@ -245,6 +263,8 @@ idem_maintenance_prepare(Oid extoid)
 			 IDEM_EXTENSION_NAME);
 	nsp = quote_identifier(nspname);
 	memset(built, 0, sizeof(built));
+	if (archive)
+		archive_sql = archive_cte(nsp);
 
 	/*
 	 * Every operator is schema-qualified: the worker runs as a superuser, so
@@ -272,7 +292,7 @@ idem_maintenance_prepare(Oid extoid)
 			" ORDER BY l.locked_until"
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
-			nsp, nsp));
+			nsp, nsp), NULL);
 
 		prepare_pass_plans(&built[IDEM_PASS_CLEANUP],
 						   psprintf(
@@ -288,7 +308,7 @@ idem_maintenance_prepare(Oid extoid)
 			" ORDER BY c.expires_at"
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
-			nsp, nsp));
+			nsp, nsp), archive_sql);
 
 		/*
 		 * The response conditions are those of idem_records_unpurged's
@@ -318,7 +338,7 @@ idem_maintenance_prepare(Oid extoid)
 				" ORDER BY p.expires_at"
 				" LIMIT $2"
 				" FOR UPDATE SKIP LOCKED",
-				nsp, nsp));
+				nsp, nsp), archive_sql);
 	}
 	PG_CATCH();
 	{
@@ -330,6 +350,7 @@ idem_maintenance_prepare(Oid extoid)
 
 	memcpy(plans, built, sizeof(plans));
 	plans_tombstones = tombstones;
+	plans_archive = archive;
 	plans_extoid = extoid;
 	plans_nspoid = nspoid;
 	plans_nspname = MemoryContextStrdup(TopMemoryContext, nspname);
@@ -338,15 +359,59 @@ idem_maintenance_prepare(Oid extoid)
 /*
  * Prepare the three plans of a pass from its action (an UPDATE or DELETE
  * ending in "WHERE r.id = ANY ") and its selection (the locking SELECT of
- * the ids).  The plans already prepared stay in *pp when an error ends
- * this half-way, for the caller to free.
+ * the ids).  With archive (the WITH item archive_cte() makes), the ids are
+ * picked once, in a WITH item both the copy and the action read.  The
+ * plans already prepared stay in *pp when an error ends this half-way, for
+ * the caller to free.
  */
 static void
-prepare_pass_plans(PassPlans *pp, const char *action, const char *selection)
+prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
+				   const char *archive)
 {
-	pp->batch = prepare_kept_plan(psprintf("%s(ARRAY(%s))", action, selection));
+	/*
+	 * The cast makes the id list an expression (an InitPlan run once), not
+	 * a sub-select ANY would compare every id with.
+	 */
+	if (archive == NULL)
+	{
+		pp->batch = prepare_kept_plan(psprintf("%s(ARRAY(%s))", action, selection));
+		pp->one = prepare_kept_plan(psprintf("%s($3)", action));
+	}
+	else
+	{
+		pp->batch = prepare_kept_plan(psprintf(
+			"WITH ids AS (SELECT ARRAY(%s) AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])",
+			selection, archive, action));
+		pp->one = prepare_kept_plan(psprintf(
+			"WITH ids AS (SELECT $3 AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])",
+			archive, action));
+	}
 	pp->pick = prepare_kept_plan(selection);
-	pp->one = prepare_kept_plan(psprintf("%s($3)", action));
+}
+
+/*
+ * The WITH item that copies the records whose ids the item "ids" holds to
+ * the archive, unless it holds their command already.  The columns are
+ * named: columns of the user's own on idem_records are not archived.
+ */
+static char *
+archive_cte(const char *nsp)
+{
+	const char *columns =
+		"id, role, tenant, caller, operation, key, fingerprint, state,"
+		" attempt, attempt_token, recovery_point, locked_until,"
+		" on_lease_expiry, ttl, response_status, response_headers,"
+		" response_body, resource_id, created_at, claimed_at, updated_at,"
+		" completed_at, expires_at, response_raw_body, response_sealed";
+
+	return psprintf(
+		"archived AS (INSERT INTO %s.idem_records_archive (%s, archived_at)"
+		" SELECT %s, pg_catalog.clock_timestamp() FROM %s.idem_records AS o"
+		"  WHERE o.id OPERATOR(pg_catalog.=) ANY ((SELECT a FROM ids)::pg_catalog.int8[])"
+		"    AND NOT EXISTS (SELECT FROM %s.idem_records_archive AS x"
+		"                     WHERE x.id OPERATOR(pg_catalog.=) o.id"
+		"                       AND x.claimed_at OPERATOR(pg_catalog.=) o.claimed_at))",
+		nsp, columns, columns, nsp, nsp);
 }
 
 /*

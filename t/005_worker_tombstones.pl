@@ -2,7 +2,8 @@
 # idempotency.cleanup_grace) it purges a finished record's response and
 # keeps the rest, which a late claim is answered expired from; past
 # idempotency.tombstone_ttl it deletes the record.  A reload of
-# tombstone_ttl takes effect at the next cycle.
+# tombstone_ttl takes effect at the next cycle, and so does
+# cleanup_action = 'archive'.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -73,6 +74,20 @@ $node->safe_psql('postgres',
 	"ALTER SYSTEM SET idempotency.tombstone_ttl = 0; SELECT pg_reload_conf()");
 ok($node->poll_query_until('appdb', q{SELECT count(*) = 3 FROM idem_records}),
 	'after a reload of tombstone_ttl = 0 the worker deletes the tombstones');
+
+# With cleanup_action = 'archive' the worker copies every record it deletes
+# to idem_records_archive first, with its response.
+$node->safe_psql('postgres',
+	"ALTER SYSTEM SET idempotency.cleanup_action = 'archive'; SELECT pg_reload_conf()");
+finished('kept-', 4, '1 hour');
+ok( $node->poll_query_until(
+		'appdb', q{
+SELECT (SELECT count(*) FROM idem_records WHERE key LIKE 'kept-%') = 0
+   AND (SELECT count(*) FROM idem_records_archive
+         WHERE key LIKE 'kept-%' AND response_body IS NOT NULL) = 4}),
+	'with archive, the worker archives the records it deletes');
+is($node->safe_psql('appdb', q{SELECT count(*) FROM idem_records_archive WHERE key LIKE 'stone-%'}),
+	'0', 'records deleted before archiving was on are not in the archive');
 
 $node->stop;
 done_testing();
