@@ -40,6 +40,9 @@ ISOLATION += claim_roles token_probe wait_takeover
 OBJS += src/worker.o src/worker_status.o src/maintenance.o
 REGRESS += maintenance
 
+# Expiry: tombstones and the expired answer
+REGRESS += expiry
+
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
 ISOLATION += maintenance_skip_locked

@@ -125,3 +125,122 @@ BEGIN
     END LOOP;
 END
 $update$;
+
+--
+-- Expiry you can publish.  Past expires_at plus idempotency.cleanup_grace,
+-- cleanup purges a finished record's stored response and keeps the rest as
+-- a tombstone until expires_at plus idempotency.tombstone_ttl; a claim of
+-- an expired record or a tombstone answers expired unless it passes
+-- on_expired => 'proceed' (src/decision.c, src/maintenance.c).
+--
+-- The purge pass picks the records that still hold a response through
+-- this index, so that it never walks the tombstones it already made.  Its
+-- predicate is repeated word for word in the pass's statement.
+--
+CREATE INDEX idem_records_unpurged
+    ON idem_records (expires_at)
+ WHERE state IN ('succeeded', 'failed', 'retryable')
+   AND (response_headers IS NOT NULL OR response_body IS NOT NULL
+        OR response_raw_body IS NOT NULL OR response_sealed IS NOT NULL
+        OR resource_id IS NOT NULL);
+
+--
+-- idem_claim gains on_expired, replaced as idem_complete above was: the
+-- EXECUTE privileges granted on the 1.0 function are granted on the new
+-- one, and pg_init_privs is set back to what a fresh install records.
+--
+DO $update$
+DECLARE
+    old_acl aclitem[];
+    fresh_init_privs aclitem[];
+    grant_item record;
+    new_claim regprocedure;
+BEGIN
+    SELECT proacl INTO old_acl FROM pg_catalog.pg_proc
+     WHERE oid = 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text)'::regprocedure;
+    DROP FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text);
+    CREATE FUNCTION idem_claim(
+        operation       text,
+        key             text,
+        request         jsonb DEFAULT NULL,
+        tenant          text DEFAULT '',
+        caller          text DEFAULT current_user,
+        ttl             interval DEFAULT NULL,
+        lease           interval DEFAULT NULL,
+        wait            interval DEFAULT NULL,
+        on_lease_expiry text DEFAULT 'unknown',
+        on_expired      text DEFAULT 'reject')
+        RETURNS idem_decision
+        AS 'MODULE_PATHNAME', 'idem_claim'
+        LANGUAGE C VOLATILE PARALLEL UNSAFE;
+    new_claim := 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)'::regprocedure;
+    REVOKE ALL ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) FROM PUBLIC;
+    SELECT initprivs INTO fresh_init_privs FROM pg_catalog.pg_init_privs
+     WHERE objoid = new_claim AND classoid = 'pg_catalog.pg_proc'::regclass;
+    FOR grant_item IN
+        SELECT a.grantee, a.is_grantable
+          FROM pg_catalog.aclexplode(old_acl) AS a
+          JOIN pg_catalog.pg_proc p ON p.oid = new_claim
+         WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', new_claim,
+                       CASE WHEN grant_item.grantee = 0 THEN 'PUBLIC'
+                            ELSE quote_ident(pg_catalog.pg_get_userbyid(grant_item.grantee)) END,
+                       CASE WHEN grant_item.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+    UPDATE pg_catalog.pg_init_privs SET initprivs = fresh_init_privs
+     WHERE objoid = new_claim AND classoid = 'pg_catalog.pg_proc'::regclass;
+END
+$update$;
+
+COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
+    'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown or expired';
+
+--
+-- idempotency.cleanup_action = 'archive': before cleanup purges a record's
+-- response or deletes it, it copies the full record here, once per command
+-- (src/maintenance.c).  The extension never deletes from this table: its
+-- owner prunes it (docs/worker.md, "Archive").  Same columns as
+-- idem_records in 1.1, without its defaults, identity or constraints (a
+-- reused record is archived again under the same id), plus archived_at.
+-- pg_dump dumps its rows like those of idem_records; nobody but the owner
+-- may read it, whatever EXECUTE they were granted.
+--
+CREATE TABLE idem_records_archive (
+    id                 bigint NOT NULL,
+    role               text COLLATE "C" NOT NULL,
+    tenant             text COLLATE "C" NOT NULL,
+    caller             text COLLATE "C" NOT NULL,
+    operation          text COLLATE "C" NOT NULL,
+    key                text COLLATE "C" NOT NULL,
+    fingerprint        bytea NOT NULL,
+    state              idem_state NOT NULL,
+    attempt            integer NOT NULL,
+    attempt_token      bytea,
+    recovery_point     text,
+    locked_until       timestamptz,
+    on_lease_expiry    idem_lease_policy NOT NULL,
+    ttl                interval NOT NULL,
+    response_status    integer,
+    response_headers   jsonb,
+    response_body      jsonb,
+    resource_id        text,
+    created_at         timestamptz NOT NULL,
+    claimed_at         timestamptz NOT NULL,
+    updated_at         timestamptz NOT NULL,
+    completed_at       timestamptz,
+    expires_at         timestamptz NOT NULL,
+    response_raw_body  bytea,
+    response_sealed    bytea,
+    archived_at        timestamptz NOT NULL
+);
+
+-- The copy looks up (id, claimed_at); pruning goes by archived_at.
+CREATE INDEX idem_records_archive_record ON idem_records_archive (id, claimed_at);
+CREATE INDEX idem_records_archive_archived_at ON idem_records_archive (archived_at);
+
+COMMENT ON TABLE idem_records_archive IS
+    'Full copies of idempotency records made by cleanup with idempotency.cleanup_action = archive. Never deleted by the extension.';
+
+SELECT pg_catalog.pg_extension_config_dump('idem_records_archive', '');
+REVOKE ALL ON idem_records_archive FROM PUBLIC;

@@ -37,6 +37,14 @@ int			idem_naptime_ms = 10 * 1000;
 int			idem_cleanup_batch_size = 200;
 int			idem_cleanup_max_batches = 500;
 int			idem_cleanup_grace_s = 10 * 60;
+int			idem_tombstone_ttl_s = 7 * 24 * 60 * 60;
+int			idem_cleanup_action = IDEM_CLEANUP_DELETE;
+
+static const struct config_enum_entry cleanup_action_options[] = {
+	{"delete", IDEM_CLEANUP_DELETE, false},
+	{"archive", IDEM_CLEANUP_ARCHIVE, false},
+	{NULL, 0, false}
+};
 int			idem_cleanup_delay_ms = 20;
 bool		idem_synchronous_outcomes = true;
 
@@ -180,6 +188,25 @@ define_settings(void)
 							10 * 60, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.tombstone_ttl",
+							"Time a finished record is kept as a tombstone past its expiry.",
+							"Cleanup purges the stored response of a record past its expiry "
+							"and deletes the rest this long after the expiry; until then a "
+							"claim of its key answers expired.  0 deletes at once.",
+							&idem_tombstone_ttl_s,
+							7 * 24 * 60 * 60, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("idempotency.cleanup_action",
+							 "What cleanup does with a record before purging or deleting it.",
+							 "archive copies the full record to idem_records_archive first; "
+							 "delete does not.",
+							 &idem_cleanup_action,
+							 IDEM_CLEANUP_DELETE, cleanup_action_options,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
 }
 
 /*

@@ -46,7 +46,7 @@ SELECT p.oid::regprocedure AS open_to_public
    AND has_function_privilege('public', p.oid, 'EXECUTE')
    AND p.proname NOT IN ('idem_derive_key', 'idem_canonical', 'idem_fingerprint')
  ORDER BY p.proname;
-SELECT has_function_privilege('public', 'idem_claim(text,text,jsonb,text,text,interval,interval,interval,text)',
+SELECT has_function_privilege('public', 'idem_claim(text,text,jsonb,text,text,interval,interval,interval,text,text)',
                               'EXECUTE') AS public_can_claim;
 
 -- The settings and their defaults, whatever the server's configuration.

@@ -50,6 +50,15 @@ CREATE FUNCTION pg_temp.records_digest() RETURNS text LANGUAGE sql AS $$
 $$;
 SELECT pg_temp.records_digest() AS digest_1_0 \gset
 
+-- Under 1.0's declaration (nine arguments, no on_expired) the library keeps
+-- 1.0's answer for a record past its expiry: a new command, attempt 1.
+SELECT token AS expired_token FROM idem_claim('op', 'expired-under-1.0') \gset
+SELECT idem_complete(:'expired_token', 200);
+UPDATE idem_records SET expires_at = now() - interval '1 second'
+ WHERE key = 'expired-under-1.0';
+SELECT outcome, attempt FROM idem_claim('op', 'expired-under-1.0');
+DELETE FROM idem_records WHERE key = 'expired-under-1.0';
+
 -- The application's grants, as the 1.0 README told users to make them.
 CREATE ROLE regress_upgrade_app;
 GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
@@ -67,7 +76,7 @@ SELECT p.oid::regprocedure AS function,
        i.initprivs::text NOT LIKE '%regress_upgrade_app%' AS grant_is_the_users
   FROM pg_proc p JOIN pg_init_privs i ON i.objoid = p.oid AND i.classoid = 'pg_proc'::regclass
  WHERE p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_resolve')
- ORDER BY 1::text;
+ ORDER BY p.proname;
 REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
   FROM regress_upgrade_app;
 DROP ROLE regress_upgrade_app;

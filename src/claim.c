@@ -6,8 +6,8 @@
  *
  * A claim reads the record of its scope and key, asks decision.c what to
  * answer, and makes the write that answer needs, if any.  Answers that need
- * no write (replay, mismatch, in_progress, unknown) are read-only: no row
- * lock, no WAL, no key lock.
+ * no write (replay, mismatch, in_progress, unknown, expired) are read-only:
+ * no row lock, no WAL, no key lock.
  *
  * Before writing, a claim takes the key lock (key_lock.c) without waiting.
  * If another transaction holds it, that transaction is writing the same key
@@ -94,6 +94,7 @@ typedef struct ClaimRequest
 	int64		lease_usecs;
 	int64		wait_usecs;
 	IdemLeasePolicy on_lease_expiry;
+	bool		proceed_expired;	/* on_expired => 'proceed' */
 } ClaimRequest;
 
 static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
@@ -119,7 +120,11 @@ static void check_decision_columns(TupleDesc tupdesc);
 
 /*
  * idem_claim(operation, key, request, tenant, caller, ttl, lease, wait,
- *			  on_lease_expiry) returns idem_decision
+ *			  on_lease_expiry, on_expired) returns idem_decision
+ *
+ * Version 1.0 of the SQL declares the first nine arguments only: until
+ * ALTER EXTENSION ... UPDATE, a claim of an expired record proceeds as 1.0
+ * did (a 1.0 table keeps no tombstones to answer from anyway).
  */
 Datum
 idem_claim(PG_FUNCTION_ARGS)
@@ -141,6 +146,12 @@ idem_claim(PG_FUNCTION_ARGS)
 								  (int64) idem_claim_wait_ms * 1000, true);
 	idem_require_arg(fcinfo, 8, "on_lease_expiry");
 	req.on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(8));
+	req.proceed_expired = true;
+	if (PG_NARGS() > 9)
+	{
+		idem_require_arg(fcinfo, 9, "on_expired");
+		req.proceed_expired = idem_parse_on_expired(PG_GETARG_TEXT_PP(9));
+	}
 
 	claim_key(&req, &answer);
 	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
@@ -148,8 +159,9 @@ idem_claim(PG_FUNCTION_ARGS)
 
 /*
  * idem_replay(operation, key, tenant, caller) returns setof idem_decision:
- * what a claim would answer, without a request and without writing.  No row
- * when there is no record or it expired.
+ * what a claim would answer, without a request and without writing.  A
+ * tombstone (a record past its expiry, within idempotency.tombstone_ttl)
+ * shows as expired.  No row when there is no record or it is past that.
  */
 Datum
 idem_replay(PG_FUNCTION_ARGS)
@@ -171,7 +183,7 @@ idem_replay(PG_FUNCTION_ARGS)
 	if (!found)
 		return (Datum) 0;
 
-	d = idem_decide(&rec, NULL, now);
+	d = idem_decide(&rec, NULL, now, false);
 	if (d.action == IDEM_ACTION_INSERT || d.action == IDEM_ACTION_REUSE)
 		return (Datum) 0;
 	answer_from_record(&answer, d.outcome, &rec, now);
@@ -208,7 +220,8 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 
 		CHECK_FOR_INTERRUPTS();
 		found = idem_record_fetch(&req->scope, &rec);
-		d = idem_decide(found ? &rec : NULL, req->fingerprint, now);
+		d = idem_decide(found ? &rec : NULL, req->fingerprint, now,
+						req->proceed_expired);
 
 		if (d.action == IDEM_ACTION_NONE)
 		{
@@ -387,6 +400,12 @@ answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
 			answer->has_http_status = true;
 			answer->http_status = 409;
 			answer->error_code = "IDEMPOTENCY_OUTCOME_UNKNOWN";
+			break;
+		case IDEM_OUTCOME_EXPIRED:
+			/* the response may be purged already: none is ever returned */
+			answer->has_http_status = true;
+			answer->http_status = 409;
+			answer->error_code = "IDEMPOTENCY_KEY_EXPIRED";
 			break;
 		case IDEM_OUTCOME_PROCEED:
 			/* a lookup (idem_replay) of a key a claim would proceed with */

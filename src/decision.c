@@ -9,7 +9,9 @@
  * and state_machine.c guards the writes.  In order:
  *
  *	1. no record								 -> proceed (insert attempt 1)
- *	2. finished record past expires_at			 -> proceed (reuse: attempt 1)
+ *	2. finished record past expires_at:
+ *	   within expires_at + tombstone_ttl		 -> expired (unless proceed_expired)
+ *	   otherwise								 -> proceed (reuse: attempt 1)
  *	3. fingerprint differs						 -> mismatch
  *	4. succeeded or failed						 -> replay
  *	5. retryable								 -> proceed (attempt n+1)
@@ -21,11 +23,24 @@
  * A lookup that has no request (idem_replay) passes no fingerprint and
  * skips step 3.
  *
+ * Step 2 is what makes expiry safe to publish: a retry that comes after the
+ * record expired (a queue redelivery, a client back online) must not run
+ * the command a second time silently.  For idempotency.tombstone_ttl past
+ * expires_at it is told expired, and the client queries the resource
+ * before deciding; only a caller that asks for it (on_expired => 'proceed')
+ * starts a new command.  The window is measured from expires_at, not from
+ * when cleanup purged the response, so the answer does not depend on when
+ * the worker last ran.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "datatype/timestamp.h"
+#include "common/int.h"
+
 #include "decision.h"
+#include "idempotency.h"
 
 static const char *const outcome_names[] = {
 	[IDEM_OUTCOME_PROCEED] = "proceed",
@@ -33,6 +48,7 @@ static const char *const outcome_names[] = {
 	[IDEM_OUTCOME_IN_PROGRESS] = "in_progress",
 	[IDEM_OUTCOME_MISMATCH] = "mismatch",
 	[IDEM_OUTCOME_UNKNOWN] = "unknown",
+	[IDEM_OUTCOME_EXPIRED] = "expired",
 };
 
 static inline IdemDecision
@@ -50,13 +66,18 @@ decision(IdemOutcome outcome, IdemAction action)
  * record exists; fingerprint is NULL for a lookup without a request.
  */
 IdemDecision
-idem_decide(const IdemRecord *rec, const uint8 *fingerprint, TimestampTz now)
+idem_decide(const IdemRecord *rec, const uint8 *fingerprint, TimestampTz now,
+			bool proceed_expired)
 {
 	if (rec == NULL)
 		return decision(IDEM_OUTCOME_PROCEED, IDEM_ACTION_INSERT);
 
 	if (idem_state_is_finished(rec->state) && rec->expires_at <= now)
+	{
+		if (!proceed_expired && idem_in_tombstone_window(rec->expires_at, now))
+			return decision(IDEM_OUTCOME_EXPIRED, IDEM_ACTION_NONE);
 		return decision(IDEM_OUTCOME_PROCEED, IDEM_ACTION_REUSE);
+	}
 
 	if (fingerprint != NULL &&
 		memcmp(fingerprint, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)
@@ -80,6 +101,23 @@ idem_decide(const IdemRecord *rec, const uint8 *fingerprint, TimestampTz now)
 	}
 	elog(ERROR, "unrecognized record state %d", (int) rec->state);
 	pg_unreachable();
+}
+
+/*
+ * Whether a record that expired at expires_at is still a tombstone at now:
+ * less than idempotency.tombstone_ttl has passed since.  A window end too
+ * far to represent has not come yet.
+ */
+bool
+idem_in_tombstone_window(TimestampTz expires_at, TimestampTz now)
+{
+	TimestampTz window_end;
+
+	if (pg_add_s64_overflow(expires_at,
+							(int64) idem_tombstone_ttl_s * USECS_PER_SEC,
+							&window_end))
+		return true;
+	return now < window_end;
 }
 
 /*

@@ -16,7 +16,8 @@ typedef enum IdemOutcome
 	IDEM_OUTCOME_REPLAY,
 	IDEM_OUTCOME_IN_PROGRESS,
 	IDEM_OUTCOME_MISMATCH,
-	IDEM_OUTCOME_UNKNOWN
+	IDEM_OUTCOME_UNKNOWN,
+	IDEM_OUTCOME_EXPIRED
 } IdemOutcome;
 
 /* The write a decision needs before it can be answered. */
@@ -37,7 +38,8 @@ typedef struct IdemDecision
 } IdemDecision;
 
 extern IdemDecision idem_decide(const IdemRecord *rec, const uint8 *fingerprint,
-								TimestampTz now);
+								TimestampTz now, bool proceed_expired);
+extern bool idem_in_tombstone_window(TimestampTz expires_at, TimestampTz now);
 extern const char *idem_outcome_name(IdemOutcome outcome);
 
 #endif							/* IDEM_DECISION_H */

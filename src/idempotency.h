@@ -13,6 +13,14 @@
 #define IDEM_EXTENSION_NAME		"idempotency"
 #define IDEM_RECORDS_TABLE		"idem_records"
 #define IDEM_SCOPE_INDEX		"idem_records_scope_key"
+#define IDEM_ARCHIVE_TABLE		"idem_records_archive"
+
+/* idempotency.cleanup_action */
+typedef enum IdemCleanupAction
+{
+	IDEM_CLEANUP_DELETE,
+	IDEM_CLEANUP_ARCHIVE
+} IdemCleanupAction;
 
 /* Settings (idempotency.*), defined in idempotency.c */
 extern int	idem_default_ttl_s;
@@ -25,6 +33,8 @@ extern int	idem_naptime_ms;
 extern int	idem_cleanup_batch_size;
 extern int	idem_cleanup_max_batches;
 extern int	idem_cleanup_grace_s;
+extern int	idem_tombstone_ttl_s;
+extern int	idem_cleanup_action;
 extern int	idem_cleanup_delay_ms;
 extern bool idem_synchronous_outcomes;
 extern bool idem_preloaded;

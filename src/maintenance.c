@@ -9,9 +9,35 @@
  * their on_lease_expiry policy says; updated_at becomes the clock and
  * expires_at the clock plus the record's ttl.  Nothing else changes.
  *
- * Cleanup: records in a terminal state (succeeded, failed, retryable) whose
- * expires_at lies more than idempotency.cleanup_grace in the past are
- * deleted.  unknown and processing records are never deleted here.
+ * Cleanup, in two passes over records in a terminal state (succeeded,
+ * failed, retryable); unknown and processing records are never touched:
+ *
+ *	 - cleanup deletes the records whose expires_at lies more than
+ *	   idempotency.cleanup_grace plus idempotency.tombstone_ttl in the past;
+ *	 - purge turns the records whose expires_at lies more than
+ *	   idempotency.cleanup_grace in the past into tombstones: their stored
+ *	   response (headers, body, raw body, sealed response, resource id) is
+ *	   set to NULL; scope, key, fingerprint, state, status and timestamps
+ *	   stay, so that a late retry is answered expired (decision.c) instead
+ *	   of running the command again.
+ *
+ * With idempotency.cleanup_action = 'archive', both passes first copy the
+ * full record of every row they change to idem_records_archive, in the same
+ * statement (a data-modifying WITH reads the rows before the UPDATE or
+ * DELETE changes them).  A record is archived once per command: the copy is
+ * skipped when the archive holds one with the same id and claimed_at (a
+ * reused record keeps its id but is claimed again), so a record purged and
+ * later deleted is archived at the purge, with its response, and a record
+ * that never held a response is archived when it is deleted.  The
+ * extension never deletes from the archive.
+ *
+ * Deleting first leaves purge nothing to do for records that are past both
+ * cutoffs.  With tombstone_ttl 0 purge does not run and cleanup deletes as
+ * version 1.0 did; so it does on a table still at 1.0 (the columns to
+ * purge are 1.1's).  Purge picks its rows through idem_records_unpurged, an
+ * index of the records that still hold a response, so that it never walks
+ * the tombstones it made; cleanup reads idem_records_expiry from the oldest
+ * expiry on, which holds only rows it deletes.
  *
  * Each pass is one statement that picks at most N rows in index order with
  * FOR UPDATE SKIP LOCKED and changes them:
@@ -110,6 +136,7 @@ typedef struct PassDef
 static const PassDef pass_defs[IDEM_NUM_PASSES] = {
 	[IDEM_PASS_LEASES] = {"lease expiry", SPI_OK_UPDATE},
 	[IDEM_PASS_CLEANUP] = {"cleanup", SPI_OK_DELETE},
+	[IDEM_PASS_PURGE] = {"purge", SPI_OK_UPDATE},
 };
 
 /* The kept plans, and the extension and schema they were prepared for. */
@@ -117,12 +144,16 @@ static PassPlans plans[IDEM_NUM_PASSES];
 static Oid	plans_extoid = InvalidOid;
 static Oid	plans_nspoid = InvalidOid;
 static char *plans_nspname = NULL;
+static bool plans_tombstones = false;	/* table has the 1.1 columns */
+static bool plans_archive = false;	/* plans copy rows to the archive */
 
 static void free_pass_plans(PassPlans *pp);
 static void prepare_pass_plans(PassPlans *pp, const char *action,
-							   const char *selection);
+							   const char *selection, const char *archive);
+static char *archive_cte(const char *nsp);
 static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass);
+static bool pass_enabled(IdemPass pass);
 static Datum ids_array(const int64 *ids, int n);
 static uint64 execute_pass_plan(SPIPlanPtr plan, Datum *values, int expected);
 static bool execute_in_subtransaction(SPIPlanPtr plan, Datum *values,
@@ -181,6 +212,8 @@ idem_maintenance_forget(void)
 
 	for (i = 0; i < IDEM_NUM_PASSES; i++)
 		free_pass_plans(&plans[i]);
+	plans_tombstones = false;
+	plans_archive = false;
 	plans_extoid = InvalidOid;
 	plans_nspoid = InvalidOid;
 	if (plans_nspname != NULL)
@@ -203,10 +236,25 @@ idem_maintenance_prepare(Oid extoid)
 	char	   *nspname = get_namespace_name(nspoid);
 	PassPlans	built[IDEM_NUM_PASSES];
 	const char *nsp;
+	bool		tombstones;
+	bool		archive;
+	Oid			tableoid;
+	int			i;
+	const char *archive_sql = NULL;
+
+	/* ALTER EXTENSION ... UPDATE to 1.1 adds the columns purge clears */
+	tableoid = nspname == NULL ? InvalidOid :
+		get_relname_relid(IDEM_RECORDS_TABLE, nspoid);
+	tombstones = OidIsValid(tableoid) &&
+		get_attnum(tableoid, "response_sealed") != InvalidAttrNumber;
+	/* the archive comes with the same update */
+	archive = tombstones && idem_cleanup_action == IDEM_CLEANUP_ARCHIVE &&
+		OidIsValid(get_relname_relid(IDEM_ARCHIVE_TABLE, nspoid));
 
 	if (plans[IDEM_PASS_LEASES].batch != NULL && extoid == plans_extoid &&
 		nspoid == plans_nspoid && nspname != NULL &&
-		strcmp(nspname, plans_nspname) == 0)
+		strcmp(nspname, plans_nspname) == 0 &&
+		tombstones == plans_tombstones && archive == plans_archive)
 		return;
 
 	idem_maintenance_forget();
@@ -215,6 +263,8 @@ idem_maintenance_prepare(Oid extoid)
 			 IDEM_EXTENSION_NAME);
 	nsp = quote_identifier(nspname);
 	memset(built, 0, sizeof(built));
+	if (archive)
+		archive_sql = archive_cte(nsp);
 
 	/*
 	 * Every operator is schema-qualified: the worker runs as a superuser, so
@@ -242,7 +292,7 @@ idem_maintenance_prepare(Oid extoid)
 			" ORDER BY l.locked_until"
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
-			nsp, nsp));
+			nsp, nsp), NULL);
 
 		prepare_pass_plans(&built[IDEM_PASS_CLEANUP],
 						   psprintf(
@@ -258,17 +308,49 @@ idem_maintenance_prepare(Oid extoid)
 			" ORDER BY c.expires_at"
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
-			nsp, nsp));
+			nsp, nsp), archive_sql);
+
+		/*
+		 * The response conditions are those of idem_records_unpurged's
+		 * predicate, word for word, so that the planner can use it.
+		 * updated_at stays: the tombstone keeps the record's timestamps.
+		 */
+		if (tombstones)
+			prepare_pass_plans(&built[IDEM_PASS_PURGE],
+							   psprintf(
+				"UPDATE %s.idem_records AS r"
+				"   SET response_headers = NULL, response_body = NULL,"
+				"       response_raw_body = NULL, response_sealed = NULL,"
+				"       resource_id = NULL"
+				" WHERE r.id OPERATOR(pg_catalog.=) ANY ",
+				nsp),
+							   psprintf(
+				"SELECT p.id FROM %s.idem_records AS p"
+				" WHERE p.state OPERATOR(pg_catalog.=) ANY"
+				"       ('{succeeded,failed,retryable}'::%s.idem_state[])"
+				"   AND (p.response_headers IS NOT NULL"
+				"        OR p.response_body IS NOT NULL"
+				"        OR p.response_raw_body IS NOT NULL"
+				"        OR p.response_sealed IS NOT NULL"
+				"        OR p.resource_id IS NOT NULL)"
+				"   AND p.expires_at OPERATOR(pg_catalog.<) $1"
+				"   AND p.id OPERATOR(pg_catalog.<>) ALL ($3)"
+				" ORDER BY p.expires_at"
+				" LIMIT $2"
+				" FOR UPDATE SKIP LOCKED",
+				nsp, nsp), archive_sql);
 	}
 	PG_CATCH();
 	{
-		free_pass_plans(&built[IDEM_PASS_LEASES]);
-		free_pass_plans(&built[IDEM_PASS_CLEANUP]);
+		for (i = 0; i < IDEM_NUM_PASSES; i++)
+			free_pass_plans(&built[i]);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 
 	memcpy(plans, built, sizeof(plans));
+	plans_tombstones = tombstones;
+	plans_archive = archive;
 	plans_extoid = extoid;
 	plans_nspoid = nspoid;
 	plans_nspname = MemoryContextStrdup(TopMemoryContext, nspname);
@@ -277,15 +359,59 @@ idem_maintenance_prepare(Oid extoid)
 /*
  * Prepare the three plans of a pass from its action (an UPDATE or DELETE
  * ending in "WHERE r.id = ANY ") and its selection (the locking SELECT of
- * the ids).  The plans already prepared stay in *pp when an error ends
- * this half-way, for the caller to free.
+ * the ids).  With archive (the WITH item archive_cte() makes), the ids are
+ * picked once, in a WITH item both the copy and the action read.  The
+ * plans already prepared stay in *pp when an error ends this half-way, for
+ * the caller to free.
  */
 static void
-prepare_pass_plans(PassPlans *pp, const char *action, const char *selection)
+prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
+				   const char *archive)
 {
-	pp->batch = prepare_kept_plan(psprintf("%s(ARRAY(%s))", action, selection));
+	/*
+	 * The cast makes the id list an expression (an InitPlan run once), not
+	 * a sub-select ANY would compare every id with.
+	 */
+	if (archive == NULL)
+	{
+		pp->batch = prepare_kept_plan(psprintf("%s(ARRAY(%s))", action, selection));
+		pp->one = prepare_kept_plan(psprintf("%s($3)", action));
+	}
+	else
+	{
+		pp->batch = prepare_kept_plan(psprintf(
+			"WITH ids AS (SELECT ARRAY(%s) AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])",
+			selection, archive, action));
+		pp->one = prepare_kept_plan(psprintf(
+			"WITH ids AS (SELECT $3 AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])",
+			archive, action));
+	}
 	pp->pick = prepare_kept_plan(selection);
-	pp->one = prepare_kept_plan(psprintf("%s($3)", action));
+}
+
+/*
+ * The WITH item that copies the records whose ids the item "ids" holds to
+ * the archive, unless it holds their command already.  The columns are
+ * named: columns of the user's own on idem_records are not archived.
+ */
+static char *
+archive_cte(const char *nsp)
+{
+	const char *columns =
+		"id, role, tenant, caller, operation, key, fingerprint, state,"
+		" attempt, attempt_token, recovery_point, locked_until,"
+		" on_lease_expiry, ttl, response_status, response_headers,"
+		" response_body, resource_id, created_at, claimed_at, updated_at,"
+		" completed_at, expires_at, response_raw_body, response_sealed";
+
+	return psprintf(
+		"archived AS (INSERT INTO %s.idem_records_archive (%s, archived_at)"
+		" SELECT %s, pg_catalog.clock_timestamp() FROM %s.idem_records AS o"
+		"  WHERE o.id OPERATOR(pg_catalog.=) ANY ((SELECT a FROM ids)::pg_catalog.int8[])"
+		"    AND NOT EXISTS (SELECT FROM %s.idem_records_archive AS x"
+		"                     WHERE x.id OPERATOR(pg_catalog.=) o.id"
+		"                       AND x.claimed_at OPERATOR(pg_catalog.=) o.claimed_at))",
+		nsp, columns, columns, nsp, nsp);
 }
 
 /*
@@ -323,17 +449,33 @@ idem_pass_begin(IdemPassRun *run, IdemPass pass)
 
 /*
  * The clock for the lease pass (not the transaction start: a lease ends
- * when the clock says so), less idempotency.cleanup_grace for cleanup.
+ * when the clock says so), less idempotency.cleanup_grace for purge, and
+ * less idempotency.tombstone_ttl besides for cleanup when the table keeps
+ * tombstones.
  */
 static TimestampTz
 pass_cutoff(IdemPass pass)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	int64		back_s = idem_cleanup_grace_s;
 
 	if (pass == IDEM_PASS_LEASES)
 		return now;
-	return TimestampTzPlusMilliseconds(now,
-									   -((int64) idem_cleanup_grace_s) * 1000);
+	if (pass == IDEM_PASS_CLEANUP && plans_tombstones)
+		back_s += idem_tombstone_ttl_s;
+	return now - back_s * USECS_PER_SEC;
+}
+
+/*
+ * Whether a pass has anything to do: purge does not run when tombstones
+ * are not kept (tombstone_ttl 0, or a table still at 1.0).
+ */
+static bool
+pass_enabled(IdemPass pass)
+{
+	if (pass == IDEM_PASS_PURGE)
+		return plans_tombstones && idem_tombstone_ttl_s > 0;
+	return true;
 }
 
 /*
@@ -368,6 +510,11 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	int			picked;
 	int64		changed;
 
+	if (!pass_enabled(run->pass))
+	{
+		*more = false;
+		return 0;
+	}
 	Assert(plans[run->pass].batch != NULL);
 	values[0] = TimestampTzGetDatum(pass_cutoff(run->pass));
 	values[1] = Int32GetDatum(limit);
@@ -637,11 +784,12 @@ idem_expire_leases(PG_FUNCTION_ARGS)
  *
  * Cleanup in the caller's transaction: up to max_batches DELETE statements
  * of batch_size rows each (the settings when NULL), stopping at the first
- * batch that finds fewer rows.  A function cannot commit, so every deleted
- * row stays locked until the caller's transaction ends: to drain a large
- * backlog from SQL, call it repeatedly with a small max_batches, each call
- * in its own transaction (as pg_cron does).  Returns how many records were
- * deleted; records that cannot be deleted are skipped with a WARNING.
+ * batch that finds fewer rows, then as many purge statements in the same
+ * way.  A function cannot commit, so every changed row stays locked until
+ * the caller's transaction ends: to drain a large backlog from SQL, call it
+ * repeatedly with a small max_batches, each call in its own transaction (as
+ * pg_cron does).  Returns how many records were deleted or made
+ * tombstones; records that cannot be changed are skipped with a WARNING.
  */
 Datum
 idem_cleanup(PG_FUNCTION_ARGS)
@@ -650,19 +798,25 @@ idem_cleanup(PG_FUNCTION_ARGS)
 											   idem_cleanup_batch_size);
 	int			max_batches = positive_argument(fcinfo, 1, "max_batches",
 												idem_cleanup_max_batches);
-	IdemPassRun run;
-	int64		deleted = 0;
-	bool		more = true;
-	int			i;
+	IdemPass	passes[] = {IDEM_PASS_CLEANUP, IDEM_PASS_PURGE};
+	int64		changed = 0;
+	int			p;
 
-	idem_pass_begin(&run, IDEM_PASS_CLEANUP);
 	connect_and_prepare();
-	for (i = 0; i < max_batches && more; i++)
+	for (p = 0; p < lengthof(passes); p++)
 	{
-		deleted += idem_pass_batch(&run, batch_size, &more);
-		CHECK_FOR_INTERRUPTS();
+		IdemPassRun run;
+		bool		more = true;
+		int			i;
+
+		idem_pass_begin(&run, passes[p]);
+		for (i = 0; i < max_batches && more; i++)
+		{
+			changed += idem_pass_batch(&run, batch_size, &more);
+			CHECK_FOR_INTERRUPTS();
+		}
 	}
 	SPI_finish();
 
-	PG_RETURN_INT64(deleted);
+	PG_RETURN_INT64(changed);
 }

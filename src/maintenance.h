@@ -14,7 +14,8 @@
 typedef enum IdemPass
 {
 	IDEM_PASS_LEASES,
-	IDEM_PASS_CLEANUP,
+	IDEM_PASS_CLEANUP,			/* delete tombstones past their window */
+	IDEM_PASS_PURGE,			/* purge the response of expired records */
 	IDEM_NUM_PASSES
 } IdemPass;
 

@@ -381,6 +381,26 @@ idem_parse_policy(text *policy)
 }
 
 /*
+ * The on_expired argument of idem_claim: true for 'proceed' (a new command
+ * over an expired record), false for 'reject' (answer expired).
+ */
+bool
+idem_parse_on_expired(text *value)
+{
+	char	   *s = text_to_cstring(value);
+
+	if (strcmp(s, "reject") == 0)
+		return false;
+	if (strcmp(s, "proceed") == 0)
+		return true;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("invalid on_expired \"%s\"", idem_clip(s, 32)),
+			 errhint("Use \"reject\" (answer expired: the client queries the resource first) or \"proceed\" (run the command again as a new one).")));
+	pg_unreachable();
+}
+
+/*
  * A response to store: its body, raw body, headers and resource id (argument
  * numbers; -1 for one the function does not take) together within
  * idempotency.max_response_size bytes.  Sizes are read from the values'

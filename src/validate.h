@@ -29,6 +29,7 @@ extern TimestampTz idem_timestamp_plus(TimestampTz start, int64 usecs, const cha
 extern void idem_check_http_status(int32 status);
 extern void idem_check_headers(Jsonb *headers);
 extern IdemLeasePolicy idem_parse_policy(text *policy);
+extern bool idem_parse_on_expired(text *value);
 extern void idem_check_response_size(FunctionCallInfo fcinfo, int body_arg,
 									 int headers_arg, int resource_arg,
 									 int raw_body_arg);

@@ -736,7 +736,9 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 			batch.rows_expired = n;
 		else
 		{
-			batch.rows_deleted = n;
+			/* purged records are not deleted: they count as batches only */
+			if (pass == IDEM_PASS_CLEANUP)
+				batch.rows_deleted = n;
 			batch.cleanup_batches = (n > 0) ? 1 : 0;
 		}
 		idem_status_add_progress(&batch);
@@ -748,16 +750,18 @@ run_pass(IdemPass pass, IdemWorkerProgress *cycle_progress)
 			break;
 		if (batches >= idem_cleanup_max_batches)
 		{
-			if (pass == IDEM_PASS_CLEANUP)
+			if (pass != IDEM_PASS_LEASES)
 				ereport(LOG,
-						(errmsg("idempotency worker for database \"%s\" reached idempotency.cleanup_max_batches: %lld expired records deleted in %d batches, the rest waits for the next cycle",
-								worker_dbname, (long long) pass_rows, batches),
+						(errmsg("idempotency worker for database \"%s\" reached idempotency.cleanup_max_batches: %lld expired records %s in %d batches, the rest waits for the next cycle",
+								worker_dbname, (long long) pass_rows,
+								pass == IDEM_PASS_PURGE ? "purged" : "deleted",
+								batches),
 						 errhint("Raise idempotency.cleanup_max_batches or lower idempotency.naptime if the backlog keeps growing.")));
 			break;
 		}
 
 		/* a latch set by SIGHUP or SIGTERM cuts the pause short */
-		if (pass == IDEM_PASS_CLEANUP && idem_cleanup_delay_ms > 0)
+		if (pass != IDEM_PASS_LEASES && idem_cleanup_delay_ms > 0)
 		{
 			(void) WaitLatch(MyLatch,
 							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
@@ -829,6 +833,8 @@ run_batch_transaction(IdemPassRun *run, int limit, bool *more)
 		pgstat_report_activity(STATE_RUNNING,
 							   run->pass == IDEM_PASS_LEASES
 							   ? "idempotency: expiring leases"
+							   : run->pass == IDEM_PASS_PURGE
+							   ? "idempotency: purging expired responses"
 							   : "idempotency: deleting expired records");
 		n = idem_pass_batch(run, limit, more);
 	}
@@ -866,7 +872,8 @@ report_pass_error(IdemPass pass, MemoryContext cycle_context)
 			 errmsg("idempotency worker for database \"%s\" failed a cycle: %s",
 					worker_dbname, edata->message),
 			 errdetail("The %s pass stopped; the worker tries it again after idempotency.naptime.",
-					   pass == IDEM_PASS_LEASES ? "lease expiry" : "cleanup")));
+					   pass == IDEM_PASS_LEASES ? "lease expiry" :
+					   pass == IDEM_PASS_PURGE ? "purge" : "cleanup")));
 }
 
 /*

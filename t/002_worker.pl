@@ -20,6 +20,8 @@ shared_preload_libraries = 'idempotency'
 idempotency.database = 'appdb, nosuchdb'
 idempotency.naptime = '100ms'
 idempotency.cleanup_grace = 0
+# deletion without tombstones; t/005_worker_tombstones.pl keeps them
+idempotency.tombstone_ttl = 0
 idempotency.cleanup_batch_size = 1000
 idempotency.cleanup_max_batches = 5
 restart_after_crash = on

@@ -17,6 +17,8 @@ shared_preload_libraries = 'idempotency'
 idempotency.database = 'appdb, ownerdb, appdb, closeddb, "appdb"'
 idempotency.naptime = '100ms'
 idempotency.cleanup_grace = 0
+# deletion without tombstones; t/005_worker_tombstones.pl keeps them
+idempotency.tombstone_ttl = 0
 });
 $node->start;
 

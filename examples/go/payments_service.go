@@ -184,6 +184,8 @@ func answerFor(d *decision) (answer, error) {
 		return jsonAnswer(422, errorBody(code, "this Idempotency-Key was used for a different request"))
 	case "unknown":
 		return jsonAnswer(409, errorBody(code, "the outcome of the first attempt is unknown; query the payment before retrying"))
+	case "expired":
+		return jsonAnswer(409, errorBody(code, "this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key"))
 	}
 	return answer{}, fmt.Errorf("unexpected outcome %q", d.Outcome)
 }

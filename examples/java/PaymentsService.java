@@ -257,6 +257,9 @@ public final class PaymentsService {
             case "unknown":
                 return json(409, error(errorCode,
                     "the outcome of the first attempt is unknown; query the payment before retrying"));
+            case "expired":
+                return json(409, error(errorCode,
+                    "this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key"));
             default:
                 throw new IllegalStateException("unexpected outcome " + outcome);
         }

@@ -83,6 +83,9 @@ function answer(decision) {
     case 'unknown':
       error.message = 'the outcome of the first attempt is unknown; query the payment before retrying';
       return [409, [JSON_TYPE], encode(error)];
+    case 'expired':
+      error.message = 'this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key';
+      return [409, [JSON_TYPE], encode(error)];
     default:
       throw new Error(`unexpected outcome ${decision.outcome}`);
   }

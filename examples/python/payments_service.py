@@ -115,6 +115,9 @@ def answer(decision):
     if outcome == "unknown":
         error["message"] = "the outcome of the first attempt is unknown; query the payment before retrying"
         return 409, [JSON], encode(error)
+    if outcome == "expired":
+        error["message"] = "this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key"
+        return 409, [JSON], encode(error)
     raise RuntimeError("unexpected outcome %r" % outcome)
 
 

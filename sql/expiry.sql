@@ -1,0 +1,214 @@
+--
+-- Expiry you can publish: a late retry of a finished command is answered
+-- expired instead of running the command again, cleanup keeps the record
+-- as a tombstone (its response purged) until idempotency.tombstone_ttl
+-- after its expiry, and only then deletes it.
+--
+-- Nothing here waits for time to pass: the table's owner moves expires_at
+-- into the past (an update that keeps a finished state is not a transition,
+-- so the guard allows it).
+--
+\set VERBOSITY default
+
+-- The passes look at the whole table: start from an empty one.
+TRUNCATE idem_records;
+
+-- The default window: seven days.
+SHOW idempotency.tombstone_ttl;
+
+-- A helper: a finished command whose record expired `ago` in the past.
+CREATE FUNCTION pg_temp.finished(k text, ago interval) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  d idem_decision;
+BEGIN
+  d := idem_claim('orders.create', k, '{"sku": "A-1", "qty": 2}');
+  PERFORM idem_complete(d.token, 201, '{"order": "ORD-1"}',
+                        '{"Location": "/orders/ORD-1"}', 'ORD-1');
+  UPDATE idem_records SET expires_at = clock_timestamp() - ago WHERE id = d.record_id;
+  RETURN d.record_id;
+END $$;
+
+-- What a record keeps, without its key or times.
+CREATE FUNCTION pg_temp.kept(record_id bigint)
+RETURNS TABLE (state idem_state, attempt int, response_status int,
+               has_headers boolean, has_body boolean, has_raw_body boolean,
+               has_sealed boolean, resource_id text, fingerprint_kept boolean)
+LANGUAGE sql AS $$
+  SELECT state, attempt, response_status, response_headers IS NOT NULL,
+         response_body IS NOT NULL, response_raw_body IS NOT NULL,
+         response_sealed IS NOT NULL, resource_id,
+         fingerprint = idem_fingerprint('{"sku": "A-1", "qty": 2}')
+    FROM idem_records WHERE id = record_id
+$$;
+
+--
+-- 1. A record past its expiry, not yet cleaned up: a late retry is told
+-- expired (409, IDEMPOTENCY_KEY_EXPIRED, no token) and nothing is written.
+--
+SELECT pg_temp.finished('late-retry', '1 second') AS late_id \gset
+SELECT xmin AS xmin_before FROM idem_records WHERE id = :late_id \gset
+SELECT outcome, token IS NULL AS no_token, record_id = :late_id AS same_record,
+       state, attempt, http_status, error_code, headers, body, raw_body,
+       resource_id, retry_after
+  FROM idem_claim('orders.create', 'late-retry', '{"sku": "A-1", "qty": 2}');
+-- A different request gets the same answer: the key is expired whatever
+-- it is sent with.
+SELECT outcome FROM idem_claim('orders.create', 'late-retry', '{"sku": "B-2"}');
+SELECT xmin = :'xmin_before' AS untouched FROM idem_records WHERE id = :late_id;
+
+-- idem_replay shows it the same way.
+SELECT outcome, state, http_status, error_code, body IS NULL AS no_body
+  FROM idem_replay('orders.create', 'late-retry');
+
+-- 2. Bad on_expired values are refused before anything is read or written.
+SELECT outcome FROM idem_claim('orders.create', 'late-retry', on_expired => 'maybe');
+SELECT outcome FROM idem_claim('orders.create', 'never-seen', on_expired => 'Proceed');
+SELECT outcome FROM idem_claim('orders.create', 'never-seen', on_expired => NULL);
+SELECT count(*) AS nothing_written FROM idem_records WHERE key = 'never-seen';
+SELECT xmin = :'xmin_before' AS untouched FROM idem_records WHERE id = :late_id;
+
+-- 3. The caller that checked the resource and wants to run the command
+-- again says so: a new command, attempt 1, with a token.
+SELECT outcome, token IS NOT NULL AS has_token, state, attempt
+  FROM idem_claim('orders.create', 'late-retry', '{"sku": "A-1", "qty": 2}',
+                  on_expired => 'proceed');
+-- on_expired changes nothing for a record that has not expired.
+SELECT outcome, attempt
+  FROM idem_claim('orders.create', 'late-retry', '{"sku": "A-1", "qty": 2}',
+                  on_expired => 'proceed', wait => '0');
+
+-- 4. Cleanup.  Past expiry and idempotency.cleanup_grace (10 minutes) the
+-- response is purged; the rest stays until tombstone_ttl after the expiry.
+SELECT pg_temp.finished('in-grace', '1 minute') AS grace_id \gset
+SELECT pg_temp.finished('tombstone', '1 hour') AS tomb_id \gset
+SELECT pg_temp.finished('window-over', '7 days 1 hour') AS over_id \gset
+-- Sealed responses are purged as well.
+SET idempotency.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
+SELECT pg_temp.finished('sealed', '2 hours') AS sealed_id \gset
+RESET idempotency.encryption_key;
+SELECT * FROM pg_temp.kept(:sealed_id);
+
+-- One record deleted (window-over), two purged (tombstone, sealed).
+SELECT idem_cleanup() AS cleaned;
+SELECT key, state FROM idem_records ORDER BY key;
+
+-- The tombstone keeps scope, key, fingerprint, state, status and times.
+SELECT * FROM pg_temp.kept(:tomb_id);
+SELECT * FROM pg_temp.kept(:sealed_id);
+SELECT created_at IS NOT NULL AND completed_at IS NOT NULL
+       AND expires_at < now() AS times_kept
+  FROM idem_records WHERE id = :tomb_id;
+-- The one within grace keeps its response.
+SELECT * FROM pg_temp.kept(:grace_id);
+
+-- Tombstones and expired records answer expired; replay shows the tombstone.
+SELECT key, c.outcome, c.http_status, c.error_code, c.body
+  FROM (VALUES ('in-grace'), ('tombstone'), ('sealed')) AS k(key),
+       idem_claim('orders.create', k.key, '{"sku": "A-1", "qty": 2}') c
+ ORDER BY key;
+SELECT outcome, state, attempt, record_id = :tomb_id AS same_record
+  FROM idem_replay('orders.create', 'tombstone');
+
+-- A second run finds nothing more to do: purged records are not picked again.
+SELECT idem_cleanup() AS cleaned;
+
+-- 5. Past the tombstone window, a record still in the table (cleanup has
+-- not run) is a new command, as without tombstones; replay shows nothing.
+SELECT pg_temp.finished('window-over-2', '8 days') AS over2_id \gset
+SELECT count(*) AS no_row FROM idem_replay('orders.create', 'window-over-2');
+SELECT outcome, attempt, record_id = :over2_id AS same_record
+  FROM idem_claim('orders.create', 'window-over-2', '{"other": true}');
+
+-- 6. The purge is one chunked statement over idem_records_unpurged, which
+-- holds no tombstone: it never walks the records it already purged.
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF)
+SELECT p.id FROM idem_records AS p
+ WHERE p.state OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,retryable}'::idem_state[])
+   AND (p.response_headers IS NOT NULL OR p.response_body IS NOT NULL
+        OR p.response_raw_body IS NOT NULL OR p.response_sealed IS NOT NULL
+        OR p.resource_id IS NOT NULL)
+   AND p.expires_at < now()
+ ORDER BY p.expires_at LIMIT 10 FOR UPDATE SKIP LOCKED;
+RESET enable_seqscan;
+
+-- 7. The tombstone window is measured from expires_at; with
+-- tombstone_ttl 0 an expired record is a new command at once, and cleanup
+-- deletes instead of purging, as without tombstones.
+SET idempotency.tombstone_ttl = 0;
+SELECT outcome, attempt
+  FROM idem_claim('orders.create', 'tombstone', '{"sku": "A-1", "qty": 2}');
+SELECT pg_temp.finished('no-tombstone', '1 hour') AS none_id \gset
+SELECT idem_cleanup() AS cleaned;
+SELECT count(*) AS left_over FROM idem_records WHERE id IN (:none_id, :sealed_id);
+RESET idempotency.tombstone_ttl;
+
+-- Negative windows are refused by the setting itself.
+SET idempotency.tombstone_ttl = -1;
+
+-- Application roles cannot change the window they are answered by.
+CREATE ROLE regress_expiry_app;
+SET ROLE regress_expiry_app;
+SET idempotency.tombstone_ttl = 0;
+RESET ROLE;
+DROP ROLE regress_expiry_app;
+
+--
+-- 8. idempotency.cleanup_action = 'archive': before a record's response is
+-- purged, or the record deleted, its full copy goes to idem_records_archive,
+-- once per command.  The extension never deletes from the archive.
+--
+SELECT extconfig @> ARRAY['idem_records_archive'::regclass::oid] AS dumped_by_pg_dump
+  FROM pg_extension WHERE extname = 'idempotency';
+SELECT has_table_privilege('public', 'idem_records_archive', 'SELECT') AS public_can_read;
+
+SET idempotency.cleanup_action = 'archive';
+SELECT pg_temp.finished('archived', '1 hour') AS arch_id \gset
+SELECT pg_temp.finished('archived-gone', '8 days') AS arch_gone_id \gset
+SELECT claimed_at AS arch_claimed_at FROM idem_records WHERE id = :arch_id \gset
+SELECT idem_cleanup() AS cleaned;
+
+-- The stored row no longer holds the response; the archive holds all of it.
+SELECT * FROM pg_temp.kept(:arch_id);
+SELECT key, state, response_status, response_headers, response_body, resource_id,
+       key <> 'archived' OR claimed_at = :'arch_claimed_at' AS same_command,
+       archived_at >= expires_at AS archived_after_expiry
+  FROM idem_records_archive ORDER BY key;
+SELECT count(*) AS deleted_still_gone FROM idem_records WHERE id = :arch_gone_id;
+
+-- Cleanup again, and the tombstone's deletion once past its window: no
+-- second copy of the same command.
+UPDATE idem_records SET expires_at = now() - interval '8 days' WHERE id = :arch_id;
+SELECT idem_cleanup() AS cleaned;
+SELECT key, count(*) AS copies FROM idem_records_archive GROUP BY key ORDER BY key;
+
+-- A record reused for a new command is archived again under the same id.
+SELECT pg_temp.finished('reused', '1 hour') AS reused_id \gset
+SELECT idem_cleanup() AS cleaned;
+SELECT token AS reuse_token
+  FROM idem_claim('orders.create', 'reused', '{"sku": "A-1", "qty": 2}',
+                  on_expired => 'proceed') \gset
+SELECT idem_complete(:'reuse_token', 200, '{"second": true}');
+UPDATE idem_records SET expires_at = now() - interval '1 hour' WHERE id = :reused_id;
+SELECT idem_cleanup() AS cleaned;
+SELECT key, response_body, count(*) OVER (PARTITION BY id) AS copies_of_record
+  FROM idem_records_archive WHERE key = 'reused' ORDER BY archived_at;
+
+-- Back to deleting: nothing more is copied.
+RESET idempotency.cleanup_action;
+SELECT pg_temp.finished('not-archived', '8 days') IS NOT NULL AS added;
+SELECT idem_cleanup() AS cleaned;
+SELECT count(*) AS not_archived FROM idem_records_archive WHERE key = 'not-archived';
+
+-- Bad values are refused by the setting itself, and only superusers set it.
+SET idempotency.cleanup_action = 'keep';
+CREATE ROLE regress_archive_app;
+SET ROLE regress_archive_app;
+SET idempotency.cleanup_action = 'delete';
+SELECT count(*) FROM idem_records_archive;
+RESET ROLE;
+DROP ROLE regress_archive_app;
+TRUNCATE idem_records_archive;
+
+TRUNCATE idem_records;
