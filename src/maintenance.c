@@ -803,7 +803,7 @@ idem_cleanup(PG_FUNCTION_ARGS)
 	int			p;
 
 	connect_and_prepare();
-	for (p = 0; p < lengthof(passes); p++)
+	for (p = 0; p < (int) lengthof(passes); p++)
 	{
 		IdemPassRun run;
 		bool		more = true;
