@@ -7,8 +7,24 @@
 # end-to-end tests of the example clients (examples/python, node, java, go),
 # stops the services and the cluster whatever happens, and exits non-zero on
 # any failure with the diffs printed.  Works as root or as a user with sudo.
+#
+#   bash scripts/test.sh                    every suite
+#   bash scripts/test.sh regress tap        only the suites named (regress,
+#                                           isolation, tap, walkthrough,
+#                                           clients, and those listed below)
+#   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
+#       bash scripts/test.sh regress tap    only these tests of a suite
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
+
+# wanted NAME: whether the suite NAME was asked for (all when none was).
+wanted() {
+    [ ${#IDEM_WANTED[@]} -eq 0 ] && return 0
+    local s
+    for s in "${IDEM_WANTED[@]}"; do [ "$s" = "$1" ] && return 0; done
+    return 1
+}
+IDEM_WANTED=("$@")
 
 trap cleanup EXIT
 install_packages
@@ -41,9 +57,9 @@ run_suite() {
     failed=$((failed + $(grep -cE '(\.\.\. +FAILED|^t/.*\.\. $|^t/.*Failed|Dubious)' "$out" || true)))
 }
 
-run_suite regress ISOLATION= TAP_TESTS=
-run_suite isolation REGRESS= TAP_TESTS=
-run_suite tap REGRESS= ISOLATION=
+wanted regress && run_suite regress ISOLATION= TAP_TESTS= ${REGRESS:+"REGRESS=$REGRESS"}
+wanted isolation && run_suite isolation REGRESS= TAP_TESTS= ${ISOLATION:+"ISOLATION=$ISOLATION"}
+wanted tap && run_suite tap REGRESS= ISOLATION= ${PROVE_TESTS:+"PROVE_TESTS=$PROVE_TESTS"}
 
 # The README's walkthrough, its sql blocks run as written with psql by an
 # application role set up as the README's install steps say: it must run
@@ -75,7 +91,7 @@ run_walkthrough() {
     failed_suites+=(walkthrough)
     failed=$((failed + 1))
 }
-run_walkthrough
+wanted walkthrough && run_walkthrough
 
 # The example clients: each test starts its HTTP service on 127.0.0.1 and
 # sends it real requests.  They run as the invoking user, from a copy of
@@ -297,7 +313,9 @@ build_client() {
     return 1
 }
 
-if setup_clients; then
+if ! wanted clients; then
+    :
+elif setup_clients; then
     run_client clients-python "$clients_dir/python" \
         /usr/bin/python3 -u test_payments_service.py
     run_client clients-node "$clients_dir/node" \
