@@ -18,6 +18,7 @@ line per check and "N passed, N failed"; exits non-zero on a failure.
 
 import argparse
 import collections
+import io
 import os
 import random
 import sys
@@ -118,6 +119,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--proxy", default="idem_proxy")
     parser.add_argument("--shards", default="idem_shard0,idem_shard1,idem_shard2,idem_shard3")
+    parser.add_argument("--split", metavar="DB:P",
+                        help="a database set up by shard.sql as partition P + 4 of 8, for the"
+                             " resharding check")
     args = parser.parse_args()
     shard_dbs = args.shards.split(",")
     rng = random.Random(19)
@@ -268,6 +272,56 @@ def main():
     check("  ... and %d shipments" % (len(ship_keys) + 1),
           stats.get(("shipments.create", "succeeded")) == (len(ship_keys) + 1, len(shards)),
           repr(stats))
+
+    # -- Resharding: doubling to eight partitions splits partition p into p
+    # and p + 4.  A tenant of the new half moves with its business rows:
+    # its payments, then its records, copied with COPY (which restores
+    # records in any state; the target numbers them anew), then deleted at
+    # the source.  The tenant has no open attempt (processing record): the
+    # move happens while its writes are held back.
+    if args.split:
+        split_db, split_of = args.split.split(":")
+        split_of = int(split_of)
+        moving = next((t for t in TENANTS[1:]
+                       if home[t] == split_of and query(admin, "SELECT hashtext(%s) & 7", (t,))[0][0]
+                       == split_of + 4), None)
+        source, target = shards[split_of], connect(split_db, "postgres")
+        cols = query(source, "SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum)"
+                             "  FROM pg_attribute WHERE attrelid = 'idem_records'::regclass"
+                             "   AND attnum > 0 AND NOT attisdropped AND attname <> 'id'")[0][0]
+        before = query(source, "SELECT key, state::text, response_body FROM idem_records"
+                               " WHERE tenant = %s ORDER BY key", (moving,))
+        open_attempts = [r for r in before if r[1] == "processing"]
+        for table, columns in (("payments", "*"), ("idem_records", cols)):
+            buf = io.StringIO()
+            with source.cursor() as cur:
+                cur.copy_expert(cur.mogrify("COPY (SELECT %s FROM %s WHERE tenant = %%s) TO STDOUT"
+                                            % (columns, table), (moving,)).decode(), buf)
+            buf.seek(0)
+            with target.cursor() as cur:
+                cur.copy_expert("COPY %s %s FROM STDIN"
+                                % (table, "" if columns == "*" else "(%s)" % columns), buf)
+        moved = query(target, "SELECT count(*) FROM payments WHERE tenant = %s", (moving,))[0][0]
+        query(source, "BEGIN; DELETE FROM payments WHERE tenant = %s;"
+                      " DELETE FROM idem_records WHERE tenant = %s; COMMIT", (moving, moving))
+        after = query(target, "SELECT key, state::text, response_body FROM idem_records"
+                              " WHERE tenant = %s ORDER BY key", (moving,))
+        check("resharding: tenant %s moves from partition %d of 4 to %d of 8 with its %d payments"
+              " and %d records, none of them open" % (moving, split_of, split_of + 4,
+                                                      moved, len(before)),
+              moving is not None and not open_attempts and before and after == before
+              and moved == PAY_KEYS, repr(open_attempts))
+        split_app = connect(split_db, "idem_app")
+        answers = [query(split_app, "SELECT outcome, payment_id FROM pay(%s, %s, %s, 'EUR')",
+                         (moving, k, a))[0] for (t, k), a in sorted(amount.items()) if t == moving]
+        paid = dict(query(target, "SELECT idempotency_key, id FROM payments WHERE tenant = %s",
+                          (moving,)))
+        check("  ... where its retries replay the same payments, and pay nothing new",
+              len(answers) == PAY_KEYS
+              and answers == [("replay", paid["pay-%d" % i]) for i in range(PAY_KEYS)]
+              and len(paid) == PAY_KEYS, repr(answers))
+        split_app.close()
+        target.close()
 
     # idem_list and idem_stat_operations (version 1.1) through the proxy,
     # once the extension has them.
