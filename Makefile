@@ -43,6 +43,10 @@ REGRESS += maintenance
 # Expiry: tombstones and the expired answer
 REGRESS += expiry
 
+# The per-role rate of new keys
+OBJS += src/rate_limit.o
+REGRESS += rate_limit
+
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
 ISOLATION += maintenance_skip_locked

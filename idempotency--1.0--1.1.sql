@@ -244,3 +244,12 @@ COMMENT ON TABLE idem_records_archive IS
 
 SELECT pg_catalog.pg_extension_config_dump('idem_records_archive', '');
 REVOKE ALL ON idem_records_archive FROM PUBLIC;
+
+--
+-- idempotency.max_new_keys_per_second: a claim that would create a record
+-- beyond its role's rate answers rate_limited and writes nothing
+-- (src/rate_limit.c).  The limit lives in shared memory: no object changes
+-- besides the claim's description.
+--
+COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
+    'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown, expired or rate_limited';

@@ -21,6 +21,7 @@
 #include "utils/guc.h"
 
 #include "idempotency.h"
+#include "rate_limit.h"
 #include "response_seal.h"
 #include "worker.h"
 #include "worker_status.h"
@@ -46,6 +47,7 @@ static const struct config_enum_entry cleanup_action_options[] = {
 	{NULL, 0, false}
 };
 int			idem_cleanup_delay_ms = 20;
+int			idem_max_new_keys_per_second = 0;
 bool		idem_synchronous_outcomes = true;
 
 /* Whether the library was loaded by shared_preload_libraries. */
@@ -70,6 +72,7 @@ _PG_init(void)
 
 	define_postmaster_settings();
 	idem_status_install_hooks();
+	idem_rate_limit_install_hooks();
 	idem_register_workers();
 }
 
@@ -207,6 +210,16 @@ define_settings(void)
 							 IDEM_CLEANUP_DELETE, cleanup_action_options,
 							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_new_keys_per_second",
+							"Records each role may create per second in each database.",
+							"A claim that would create a record beyond it answers rate_limited "
+							"and writes nothing.  0 turns the limit off.  Needs the library in "
+							"shared_preload_libraries.",
+							&idem_max_new_keys_per_second,
+							0, 0, 1000000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
 }
 
 /*

@@ -102,7 +102,10 @@ wanted walkthrough && run_walkthrough
 # service's test (test_payments_service.py --service-command).
 clients_dir=$IDEM_TMP/clients
 IDEM_GROUPS=$clients_dir/groups
-client_env=(PGHOST=127.0.0.1 PGPORT="$PGPORT" PGDATABASE=idem_examples PGUSER=idem_app)
+# The Python test's checks of the expired and rate_limited answers need a
+# superuser connection besides, always to the server itself.
+client_env=(PGHOST=127.0.0.1 PGPORT="$PGPORT" PGDATABASE=idem_examples PGUSER=idem_app
+            IDEM_ADMIN_DSN="host=127.0.0.1 port=$PGPORT dbname=idem_examples user=postgres")
 jdbc_jar=/usr/share/java/postgresql.jar
 
 # Called as an if condition, where set -e does not apply: every step says

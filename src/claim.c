@@ -9,6 +9,13 @@
  * no write (replay, mismatch, in_progress, unknown, expired) are read-only:
  * no row lock, no WAL, no key lock.
  *
+ * A claim that would create a record takes a token of its role's
+ * idempotency.max_new_keys_per_second (rate_limit.c) once it owns the key,
+ * right before the write, and answers rate_limited, writing nothing, when
+ * there is none.  If the write then finds the record changed, the token is
+ * given back before the claim reads again.  With the limit off this costs
+ * one comparison.
+ *
  * Before writing, a claim takes the key lock (key_lock.c) without waiting.
  * If another transaction holds it, that transaction is writing the same key
  * and has not committed, and the claim answers in_progress at once (or, with
@@ -52,6 +59,7 @@
 #include "decision.h"
 #include "idempotency.h"
 #include "key_lock.h"
+#include "rate_limit.h"
 #include "security.h"
 #include "token.h"
 #include "validate.h"
@@ -101,6 +109,7 @@ static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
 static void answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
 							   const IdemRecord *rec, TimestampTz now);
 static void answer_busy(IdemAnswer *answer);
+static void answer_rate_limited(IdemAnswer *answer, int32 retry_after);
 static void answer_in_progress_now(const IdemScope *scope,
 								   const IdemRecord *rec,
 								   IdemAnswer *answer, TimestampTz now);
@@ -206,6 +215,8 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 	TimestampTz start_time = GetCurrentTimestamp();
 	TimestampTz deadline = idem_timestamp_plus(start_time, req->wait_usecs, "wait");
 	bool		read_only = RecoveryInProgress() || XactReadOnly;
+	Oid			roleid = GetUserId();	/* the caller, before becoming owner */
+	bool		took_token = false;
 	IdemUserContext user;
 
 	idem_become_owner(&user);
@@ -284,6 +295,20 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			break;
 		}
 
+		/* A new record spends a token of the role's rate first. */
+		if (idem_max_new_keys_per_second > 0 &&
+			idem_action_creates_record(d.action))
+		{
+			int32		retry_after;
+
+			if (!idem_rate_limit_take(MyDatabaseId, roleid, &retry_after))
+			{
+				answer_rate_limited(answer, retry_after);
+				break;
+			}
+			took_token = true;
+		}
+
 		memcpy(start.fingerprint, req->fingerprint, IDEM_FINGERPRINT_LEN);
 		idem_token_new_secret(start.secret);
 		start.now = now;
@@ -334,6 +359,12 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		}
 		if (wrote)
 			break;
+		if (took_token)
+		{
+			/* no record created: the next round decides again */
+			idem_rate_limit_give_back(MyDatabaseId, roleid);
+			took_token = false;
+		}
 
 		/*
 		 * The record changed since it was read, or another transaction is
@@ -410,6 +441,10 @@ answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
 		case IDEM_OUTCOME_PROCEED:
 			/* a lookup (idem_replay) of a key a claim would proceed with */
 			break;
+		case IDEM_OUTCOME_RATE_LIMITED:
+			/* never from a record: answer_rate_limited */
+			elog(ERROR, "rate_limited is not answered from a record");
+			break;
 	}
 }
 
@@ -457,6 +492,23 @@ answer_busy(IdemAnswer *answer)
 	answer->error_code = "IDEMPOTENCY_REQUEST_IN_PROGRESS";
 	answer->has_retry_after = true;
 	answer->retry_after = 1;
+}
+
+/*
+ * Fill in rate_limited for a claim that would create a record beyond its
+ * role's idempotency.max_new_keys_per_second.  There is no record: the
+ * claim wrote nothing.
+ */
+static void
+answer_rate_limited(IdemAnswer *answer, int32 retry_after)
+{
+	memset(answer, 0, sizeof(*answer));
+	answer->outcome = IDEM_OUTCOME_RATE_LIMITED;
+	answer->has_http_status = true;
+	answer->http_status = 429;
+	answer->error_code = "IDEMPOTENCY_RATE_LIMITED";
+	answer->has_retry_after = true;
+	answer->retry_after = retry_after;
 }
 
 /*

@@ -23,6 +23,17 @@
  * A lookup that has no request (idem_replay) passes no fingerprint and
  * skips step 3.
  *
+ * The proceeds of steps 1 and 2 create a record, a new command at attempt
+ * 1 (idem_action_creates_record): with idempotency.max_new_keys_per_second
+ * set, they answer rate_limited instead when the role's rate is spent.
+ * claim.c asks rate_limit.c for the token once it owns the key, right
+ * before the write, so that a claim that ends up answering something else
+ * spends nothing.  A reuse counts as a new record because it would have
+ * been an insert had cleanup already deleted the row: whether the worker
+ * has run must not change the answer.  Steps 5 and 8 start another attempt
+ * of a command already recorded and are never limited, nor is any answer
+ * that writes nothing.
+ *
  * Step 2 is what makes expiry safe to publish: a retry that comes after the
  * record expired (a queue redelivery, a client back online) must not run
  * the command a second time silently.  For idempotency.tombstone_ttl past
@@ -49,6 +60,7 @@ static const char *const outcome_names[] = {
 	[IDEM_OUTCOME_MISMATCH] = "mismatch",
 	[IDEM_OUTCOME_UNKNOWN] = "unknown",
 	[IDEM_OUTCOME_EXPIRED] = "expired",
+	[IDEM_OUTCOME_RATE_LIMITED] = "rate_limited",
 };
 
 static inline IdemDecision
@@ -101,6 +113,16 @@ idem_decide(const IdemRecord *rec, const uint8 *fingerprint, TimestampTz now,
 	}
 	elog(ERROR, "unrecognized record state %d", (int) rec->state);
 	pg_unreachable();
+}
+
+/*
+ * Whether a decision's write creates a record: a new command, attempt 1.
+ * Only those spend idempotency.max_new_keys_per_second.
+ */
+bool
+idem_action_creates_record(IdemAction action)
+{
+	return action == IDEM_ACTION_INSERT || action == IDEM_ACTION_REUSE;
 }
 
 /*

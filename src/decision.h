@@ -17,7 +17,8 @@ typedef enum IdemOutcome
 	IDEM_OUTCOME_IN_PROGRESS,
 	IDEM_OUTCOME_MISMATCH,
 	IDEM_OUTCOME_UNKNOWN,
-	IDEM_OUTCOME_EXPIRED
+	IDEM_OUTCOME_EXPIRED,
+	IDEM_OUTCOME_RATE_LIMITED
 } IdemOutcome;
 
 /* The write a decision needs before it can be answered. */
@@ -39,6 +40,7 @@ typedef struct IdemDecision
 
 extern IdemDecision idem_decide(const IdemRecord *rec, const uint8 *fingerprint,
 								TimestampTz now, bool proceed_expired);
+extern bool idem_action_creates_record(IdemAction action);
 extern bool idem_in_tombstone_window(TimestampTz expires_at, TimestampTz now);
 extern const char *idem_outcome_name(IdemOutcome outcome);
 

@@ -36,6 +36,7 @@ extern int	idem_cleanup_grace_s;
 extern int	idem_tombstone_ttl_s;
 extern int	idem_cleanup_action;
 extern int	idem_cleanup_delay_ms;
+extern int	idem_max_new_keys_per_second;
 extern bool idem_synchronous_outcomes;
 extern bool idem_preloaded;
 

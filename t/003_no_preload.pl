@@ -54,5 +54,23 @@ is( $node->safe_psql(
 	't',
 	'idem_worker_status() shows it');
 
+# idempotency.max_new_keys_per_second needs the shared memory reserved at
+# start: without the preload it is ignored, and a session that meets a claim
+# it would limit says so once.
+$node->append_conf('postgresql.conf', 'idempotency.max_new_keys_per_second = 1');
+$node->reload;
+ok( $node->poll_query_until(
+		'postgres',
+		"SELECT current_setting('idempotency.max_new_keys_per_second', true) = '1'"),
+	'the rate limit is set');
+my ($ret, $out, $err) = $node->psql('postgres', q{
+SELECT string_agg(DISTINCT outcome, ',')
+  FROM generate_series(1, 20) i,
+       idem_claim('limit.op', 'new-' || i) c;
+});
+is($out, 'proceed', 'without the preload, new keys are not rate limited');
+my @warnings = ($err =~ /WARNING:  idempotency.max_new_keys_per_second is ignored because the library is not in shared_preload_libraries/g);
+is(scalar(@warnings), 1, '... and the session is warned once');
+
 $node->stop;
 done_testing();

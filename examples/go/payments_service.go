@@ -186,6 +186,10 @@ func answerFor(d *decision) (answer, error) {
 		return jsonAnswer(409, errorBody(code, "the outcome of the first attempt is unknown; query the payment before retrying"))
 	case "expired":
 		return jsonAnswer(409, errorBody(code, "this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key"))
+	case "rate_limited":
+		// Nothing was written: the same request, same key, may come again.
+		return jsonAnswer(429, errorBody(code, "too many new requests from this client; send it again after Retry-After seconds, with the same Idempotency-Key"),
+			[2]string{"Retry-After", strconv.Itoa(int(*d.RetryAfter))})
 	}
 	return answer{}, fmt.Errorf("unexpected outcome %q", d.Outcome)
 }

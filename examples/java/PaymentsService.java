@@ -260,6 +260,11 @@ public final class PaymentsService {
             case "expired":
                 return json(409, error(errorCode,
                     "this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key"));
+            case "rate_limited":
+                // Nothing was written: the same request, same key, may come again.
+                return json(429, error(errorCode,
+                    "too many new requests from this client; send it again after Retry-After seconds, with the same Idempotency-Key"),
+                    "Retry-After", String.valueOf(d.getInt("retry_after")));
             default:
                 throw new IllegalStateException("unexpected outcome " + outcome);
         }

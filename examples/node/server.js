@@ -86,6 +86,10 @@ function answer(decision) {
     case 'expired':
       error.message = 'this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key';
       return [409, [JSON_TYPE], encode(error)];
+    case 'rate_limited':
+      // Nothing was written: the same request, same key, may come again.
+      error.message = 'too many new requests from this client; send it again after Retry-After seconds, with the same Idempotency-Key';
+      return [429, [JSON_TYPE, ['Retry-After', String(decision.retry_after)]], encode(error)];
     default:
       throw new Error(`unexpected outcome ${decision.outcome}`);
   }

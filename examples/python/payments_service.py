@@ -118,6 +118,10 @@ def answer(decision):
     if outcome == "expired":
         error["message"] = "this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key"
         return 409, [JSON], encode(error)
+    if outcome == "rate_limited":
+        # Nothing was written: the same request, same key, may come again.
+        error["message"] = "too many new requests from this client; send it again after Retry-After seconds, with the same Idempotency-Key"
+        return 429, [JSON, ("Retry-After", str(decision["retry_after"]))], encode(error)
     raise RuntimeError("unexpected outcome %r" % outcome)
 
 

@@ -12,6 +12,12 @@ The service is payments_service.py beside this file, or the one that
 
     test_payments_service.py --service-command "node ../node/server.js"
 
+The checks of the expired and rate_limited answers need a superuser
+connection besides (--admin-dsn, or IDEM_ADMIN_DSN in the environment): one
+moves a record's expiry into the past, the other sets
+idempotency.max_new_keys_per_second, a server-wide setting applied by a
+reload, and resets it afterwards.  Without it they are skipped, and say so.
+
 Prints one line per check and ends with "N passed, N failed"; exits 1 when a
 check failed.  Every wait is bounded; the service is stopped whatever happens.
 """
@@ -37,6 +43,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SERVICE = os.path.join(HERE, "payments_service.py")
 IN_PROGRESS = "IDEMPOTENCY_REQUEST_IN_PROGRESS"
 MISMATCH = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST"
+EXPIRED = "IDEMPOTENCY_KEY_EXPIRED"
+RATE_LIMITED = "IDEMPOTENCY_RATE_LIMITED"
+RATE_SETTING = "idempotency.max_new_keys_per_second"
 
 passed = failed = 0
 
@@ -321,6 +330,99 @@ def test_rollback_and_failure(port, db):
     check("its retry replays the same 400", r2.status == 400 and r2.replayed and r2.raw == r.raw, r2)
 
 
+def test_expired(port, db, admin):
+    """A retry that comes after the record expired is told so, and runs
+    nothing.  The superuser moves the record's expiry into the past rather
+    than waiting for it."""
+    key = new_key()
+    body = {"amount": 4200, "currency": "EUR", "reference": "order-late"}
+    r = post(port, key, body)
+    check("a new payment -> 201", r.status == 201 and not r.replayed, r)
+    with admin.cursor() as cur:
+        cur.execute("""UPDATE idem_records SET expires_at = now() - interval '1 second'
+                        WHERE operation = 'payments.create' AND key = %s""", (key,))
+        moved = cur.rowcount
+    check("its record's expiry is moved into the past", moved == 1, moved)
+    r = post(port, key, body)
+    check("a retry after the expiry -> 409 IDEMPOTENCY_KEY_EXPIRED, not a replay",
+          r.status == 409 and r.error_code == EXPIRED and not r.replayed, r)
+    check("  ... without Retry-After: retrying will not help", "retry-after" not in r.headers, r.headers)
+    ids = payments_for(db, key)
+    check("still exactly one payment row for the key", len(ids) == 1, ids)
+
+
+def set_rate(admin_dsn, rate, timeout=30.0):
+    """Set the server's new-key rate (None: reset it) and wait, bounded,
+    until new sessions read it.  The service's open sessions were signalled
+    by then, and read it before their next command."""
+    conn = psycopg2.connect(admin_dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            if rate is None:
+                cur.execute("ALTER SYSTEM RESET " + RATE_SETTING)
+            else:
+                cur.execute("ALTER SYSTEM SET %s = %d" % (RATE_SETTING, rate))
+            cur.execute("SELECT pg_reload_conf()")
+    finally:
+        conn.close()
+    want = "0" if rate is None else str(rate)
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = psycopg2.connect(admin_dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT current_setting(%s)", (RATE_SETTING,))
+                if cur.fetchone()[0] == want:
+                    return True
+        finally:
+            conn.close()
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_rate_limited(port, db, admin_dsn):
+    """With one new key a second allowed, new payments sent back to back are
+    soon answered 429 with Retry-After, and write nothing; a replay is not
+    limited; the refused request succeeds later with the same key."""
+    body = {"amount": 990, "currency": "EUR"}
+    check("the rate is set to 1 new key a second (ALTER SYSTEM, reload)", set_rate(admin_dsn, 1))
+    limited = None
+    first = None
+    try:
+        # Bounded: of 50 new payments in a row, two come within a second
+        # of each other unless every request takes a second.
+        for _ in range(50):
+            key = new_key()
+            r = post(port, key, body)
+            if r.status == 429:
+                limited = (key, r)
+                break
+            if first is None and r.status == 201:
+                first = (key, r)
+        key, r = limited if limited else (None, None)
+        check("new payments beyond the rate -> 429 IDEMPOTENCY_RATE_LIMITED",
+              r is not None and r.error_code == RATE_LIMITED and not r.replayed, r)
+        check("  ... with Retry-After: a positive number of seconds",
+              r is not None and r.headers.get("retry-after", "").isdigit()
+              and int(r.headers["retry-after"]) > 0, r and r.headers)
+        check("  ... and no payment for it", key is not None and payments_for(db, key) == [], key)
+        if first is not None:
+            r = post(port, first[0], body)
+            check("a retry of a payment already made replays (replays are never limited)",
+                  r.status == 201 and r.replayed and r.raw == first[1].raw, r)
+        else:
+            check("a payment was made before the limit was met", False)
+    finally:
+        reset = set_rate(admin_dsn, None)
+    check("the rate is reset (0: no limit)", reset)
+    if limited is not None:
+        r = post(port, limited[0], body)
+        check("the refused request sent again with its key proceeds: 201, not a replay",
+              r.status == 201 and not r.replayed and len(payments_for(db, limited[0])) == 1, r)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -328,14 +430,22 @@ def main():
         help="the command that starts the service, as one shell-quoted string;"
              " it must exec the service, which gets SIGTERM at the end"
              " (default: payments_service.py)")
+    parser.add_argument(
+        "--admin-dsn", metavar="DSN", default=os.environ.get("IDEM_ADMIN_DSN"),
+        help="a superuser connection to the same database, for the expired and"
+             " rate_limited checks (default: $IDEM_ADMIN_DSN; skipped without)")
     args = parser.parse_args()
     command = ([sys.executable, "-u", SERVICE] if args.service_command is None
                else shlex.split(args.service_command))
     service = None
     db = None
+    admin = None
     try:
         db = psycopg2.connect("")
         db.autocommit = True
+        if args.admin_dsn:
+            admin = psycopg2.connect(args.admin_dsn)
+            admin.autocommit = True
         service = Service(command)
         print("service on 127.0.0.1:%d" % service.port, flush=True)
         test_bad_keys(service.port, db)
@@ -343,6 +453,11 @@ def main():
         test_replay_and_mismatch(service.port, db, key, body, first)
         test_in_progress(service.port, db)
         test_rollback_and_failure(service.port, db)
+        if admin is not None:
+            test_expired(service.port, db, admin)
+            test_rate_limited(service.port, db, args.admin_dsn)
+        else:
+            print("skip   expired and rate_limited: no --admin-dsn", flush=True)
     except Exception as e:
         check("the test ran to its end", False, "%s: %s" % (type(e).__name__, e))
     finally:
@@ -352,6 +467,8 @@ def main():
                 print("----- service log\n" + service.stderr(), flush=True)
         if db is not None:
             db.close()
+        if admin is not None:
+            admin.close()
     print("%d passed, %d failed" % (passed, failed), flush=True)
     return 1 if failed else 0
 
