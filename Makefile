@@ -41,7 +41,7 @@ OBJS += src/worker.o src/worker_status.o src/maintenance.o
 REGRESS += maintenance
 
 # Expiry: tombstones and the expired answer
-REGRESS += expiry
+REGRESS += expiry archive_faults
 
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay

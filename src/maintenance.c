@@ -29,7 +29,9 @@
  * reused record keeps its id but is claimed again), so a record purged and
  * later deleted is archived at the purge, with its response, and a record
  * that never held a response is archived when it is deleted.  The
- * extension never deletes from the archive.
+ * extension never deletes from the archive.  Without the archive table
+ * (renamed or moved away), both passes end with an error instead of
+ * changing records that could not be copied; the lease pass goes on.
  *
  * Deleting first leaves purge nothing to do for records that are past both
  * cutoffs.  With tombstone_ttl 0 purge does not run and cleanup deletes as
@@ -146,6 +148,7 @@ static Oid	plans_nspoid = InvalidOid;
 static char *plans_nspname = NULL;
 static bool plans_tombstones = false;	/* table has the 1.1 columns */
 static bool plans_archive = false;	/* plans copy rows to the archive */
+static bool plans_archive_missing = false;	/* archive wanted, table gone */
 
 static void free_pass_plans(PassPlans *pp);
 static void prepare_pass_plans(PassPlans *pp, const char *action,
@@ -214,6 +217,7 @@ idem_maintenance_forget(void)
 		free_pass_plans(&plans[i]);
 	plans_tombstones = false;
 	plans_archive = false;
+	plans_archive_missing = false;
 	plans_extoid = InvalidOid;
 	plans_nspoid = InvalidOid;
 	if (plans_nspname != NULL)
@@ -238,6 +242,7 @@ idem_maintenance_prepare(Oid extoid)
 	const char *nsp;
 	bool		tombstones;
 	bool		archive;
+	bool		archive_missing;
 	Oid			tableoid;
 	int			i;
 	const char *archive_sql = NULL;
@@ -247,14 +252,22 @@ idem_maintenance_prepare(Oid extoid)
 		get_relname_relid(IDEM_RECORDS_TABLE, nspoid);
 	tombstones = OidIsValid(tableoid) &&
 		get_attnum(tableoid, "response_sealed") != InvalidAttrNumber;
-	/* the archive comes with the same update */
+	/*
+	 * The archive comes with the same update.  When archiving is asked for
+	 * and the table is not there (renamed, moved), the cleanup and purge
+	 * passes refuse to run (idem_pass_batch) rather than change records
+	 * without their copy; the lease pass goes on.
+	 */
 	archive = tombstones && idem_cleanup_action == IDEM_CLEANUP_ARCHIVE &&
 		OidIsValid(get_relname_relid(IDEM_ARCHIVE_TABLE, nspoid));
+	archive_missing = tombstones &&
+		idem_cleanup_action == IDEM_CLEANUP_ARCHIVE && !archive;
 
 	if (plans[IDEM_PASS_LEASES].batch != NULL && extoid == plans_extoid &&
 		nspoid == plans_nspoid && nspname != NULL &&
 		strcmp(nspname, plans_nspname) == 0 &&
-		tombstones == plans_tombstones && archive == plans_archive)
+		tombstones == plans_tombstones && archive == plans_archive &&
+		archive_missing == plans_archive_missing)
 		return;
 
 	idem_maintenance_forget();
@@ -351,6 +364,7 @@ idem_maintenance_prepare(Oid extoid)
 	memcpy(plans, built, sizeof(plans));
 	plans_tombstones = tombstones;
 	plans_archive = archive;
+	plans_archive_missing = archive_missing;
 	plans_extoid = extoid;
 	plans_nspoid = nspoid;
 	plans_nspname = MemoryContextStrdup(TopMemoryContext, nspname);
@@ -516,6 +530,13 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 		return 0;
 	}
 	Assert(plans[run->pass].batch != NULL);
+	if (run->pass != IDEM_PASS_LEASES && plans_archive_missing)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("idempotency %s cannot archive: relation \"%s.%s\" does not exist",
+						def->name, plans_nspname, IDEM_ARCHIVE_TABLE),
+				 errdetail("idempotency.cleanup_action is \"archive\": no record is purged or deleted without its copy."),
+				 errhint("Give the table back its name, or set idempotency.cleanup_action to \"delete\".")));
 	values[0] = TimestampTzGetDatum(pass_cutoff(run->pass));
 	values[1] = Int32GetDatum(limit);
 	values[2] = ids_array(run->skipped, run->nskipped);
