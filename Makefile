@@ -45,7 +45,7 @@ REGRESS += expiry archive_faults
 
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
-ISOLATION += maintenance_skip_locked
+ISOLATION += maintenance_skip_locked expiry_races
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
