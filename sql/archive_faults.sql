@@ -125,5 +125,29 @@ DROP TRIGGER archive_trap ON idem_records_archive;
 SELECT idem_cleanup() AS cleaned;
 SELECT * FROM pg_temp.report();
 
+--
+-- 5. The copy is the whole record, every column as it was before the
+-- purge, encrypted responses included; and the archive has a column for
+-- every column of idem_records, of the same type.
+--
+SELECT pg_temp.finished('f-plain', '1 hour') AS plain_id \gset
+SET idempotency.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
+SELECT pg_temp.finished('g-sealed', '1 hour') AS sealed_id \gset
+RESET idempotency.encryption_key;
+CREATE TEMP TABLE before_cleanup AS
+  SELECT id, to_jsonb(r) AS rec FROM idem_records r WHERE id IN (:plain_id, :sealed_id);
+SELECT idem_cleanup() AS cleaned;
+SELECT b.rec->>'key' AS key, b.rec->>'response_sealed' IS NOT NULL AS was_sealed,
+       count(a.id) AS copies, bool_and(a.rec = b.rec) AS copy_is_the_record
+  FROM before_cleanup b
+  LEFT JOIN (SELECT id, to_jsonb(x) - 'archived_at' AS rec
+               FROM idem_records_archive x) a USING (id)
+ GROUP BY b.rec ORDER BY 1;
+SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+ WHERE attrelid = 'idem_records'::regclass AND attnum > 0 AND NOT attisdropped
+EXCEPT
+SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+ WHERE attrelid = 'idem_records_archive'::regclass AND attnum > 0 AND NOT attisdropped;
+
 TRUNCATE idem_records;
 TRUNCATE idem_records_archive;
