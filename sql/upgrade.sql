@@ -59,6 +59,12 @@ SELECT pg_temp.records_digest() AS digest_1_0 \gset
 -- twelve columns) the library keeps 1.0's answers for a record past its
 -- expiry: idem_replay shows no row, a claim is a new command, attempt 1.
 SELECT count(*) AS no_row FROM idem_replay('op', 'expired-before-update');
+-- Archiving needs 1.1's table: until the update, cleanup with
+-- cleanup_action = 'archive' refuses instead of deleting records uncopied.
+SET idempotency.cleanup_action = 'archive';
+SELECT idem_cleanup() AS cleaned;
+RESET idempotency.cleanup_action;
+SELECT count(*) AS still_there FROM idem_records WHERE key = 'expired-before-update';
 SELECT token AS expired_token FROM idem_claim('op', 'expired-under-1.0') \gset
 SELECT idem_complete(:'expired_token', 200);
 UPDATE idem_records SET expires_at = now() - interval '1 second'
