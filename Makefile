@@ -41,7 +41,7 @@ OBJS += src/worker.o src/worker_status.o src/maintenance.o
 REGRESS += maintenance
 
 # Expiry: tombstones and the expired answer
-REGRESS += expiry
+REGRESS += expiry archive_faults
 
 # The per-role rate of new keys
 OBJS += src/rate_limit.o
@@ -49,7 +49,7 @@ REGRESS += rate_limit
 
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
-ISOLATION += maintenance_skip_locked
+ISOLATION += maintenance_skip_locked expiry_races
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

@@ -27,6 +27,11 @@ SELECT idem_checkpoint(:'processing_token', 'step-2');
 -- marks the record unknown.
 SELECT token IS NOT NULL AS claimed FROM idem_claim('op', 'unknown', '{"n": 5}', lease => '1 microsecond');
 SELECT outcome FROM idem_claim('op', 'unknown', '{"n": 5}');
+-- A finished record past its expiry that cleanup has not deleted yet.
+SELECT token AS late_token FROM idem_claim('op', 'expired-before-update', '{"n": 6}') \gset
+SELECT idem_complete(:'late_token', 201, '{"id": "late"}');
+UPDATE idem_records SET expires_at = now() - interval '1 hour'
+ WHERE key = 'expired-before-update';
 
 -- Encryption needs 1.1's columns: under 1.0 a completion refuses clearly
 -- instead of storing the response in plaintext.
@@ -50,8 +55,16 @@ CREATE FUNCTION pg_temp.records_digest() RETURNS text LANGUAGE sql AS $$
 $$;
 SELECT pg_temp.records_digest() AS digest_1_0 \gset
 
--- Under 1.0's declaration (nine arguments, no on_expired) the library keeps
--- 1.0's answer for a record past its expiry: a new command, attempt 1.
+-- Under 1.0's declaration (nine arguments, no on_expired, a decision of
+-- twelve columns) the library keeps 1.0's answers for a record past its
+-- expiry: idem_replay shows no row, a claim is a new command, attempt 1.
+SELECT count(*) AS no_row FROM idem_replay('op', 'expired-before-update');
+-- Archiving needs 1.1's table: until the update, cleanup with
+-- cleanup_action = 'archive' refuses instead of deleting records uncopied.
+SET idempotency.cleanup_action = 'archive';
+SELECT idem_cleanup() AS cleaned;
+RESET idempotency.cleanup_action;
+SELECT count(*) AS still_there FROM idem_records WHERE key = 'expired-before-update';
 SELECT token AS expired_token FROM idem_claim('op', 'expired-under-1.0') \gset
 SELECT idem_complete(:'expired_token', 200);
 UPDATE idem_records SET expires_at = now() - interval '1 second'
@@ -89,6 +102,11 @@ SELECT key, outcome, state, attempt, http_status, headers, body, resource_id, er
  ORDER BY key;
 SELECT outcome, attempt, recovery_point
   FROM idem_claim('op', 'retryable', '{"n": 3}', lease => '1h');
+-- A record that expired before the update is a tombstone now, as the
+-- CHANGELOG says: a late retry is answered expired, idem_replay shows it.
+SELECT outcome, token IS NULL AS no_token, http_status, error_code, body
+  FROM idem_claim('op', 'expired-before-update', '{"n": 6}');
+SELECT outcome, state, body FROM idem_replay('op', 'expired-before-update');
 
 -- A token issued by 1.0 completes its attempt; an unknown record resolves.
 SELECT idem_complete(:'processing_token', 200, '{"done": true}');

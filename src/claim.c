@@ -170,7 +170,8 @@ idem_claim(PG_FUNCTION_ARGS)
  * idem_replay(operation, key, tenant, caller) returns setof idem_decision:
  * what a claim would answer, without a request and without writing.  A
  * tombstone (a record past its expiry, within idempotency.tombstone_ttl)
- * shows as expired.  No row when there is no record or it is past that.
+ * shows as expired, from version 1.1 of the SQL on.  No row when there is
+ * no record or it is past that.
  */
 Datum
 idem_replay(PG_FUNCTION_ARGS)
@@ -181,10 +182,12 @@ idem_replay(PG_FUNCTION_ARGS)
 	IdemDecision d;
 	TimestampTz now = GetCurrentTimestamp();
 	IdemUserContext user;
+	ReturnSetInfo *rsinfo;
 	bool		found;
 
 	read_scope(fcinfo, 0, 1, 2, 3, &scope);
 	InitMaterializedSRF(fcinfo, 0);
+	rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 
 	idem_become_owner(&user);
 	found = idem_record_fetch(&scope, &rec);
@@ -192,7 +195,13 @@ idem_replay(PG_FUNCTION_ARGS)
 	if (!found)
 		return (Datum) 0;
 
-	d = idem_decide(&rec, NULL, now, false);
+	/*
+	 * Under version 1.0's declaration (a decision of twelve columns) a
+	 * record past its expiry shows no row, as in 1.0, in step with
+	 * idem_claim, which proceeds there.
+	 */
+	d = idem_decide(&rec, NULL, now,
+					rsinfo->setDesc->natts == DECISION_COLUMNS_1_0);
 	if (d.action == IDEM_ACTION_INSERT || d.action == IDEM_ACTION_REUSE)
 		return (Datum) 0;
 	answer_from_record(&answer, d.outcome, &rec, now);

@@ -29,12 +29,15 @@
  * reused record keeps its id but is claimed again), so a record purged and
  * later deleted is archived at the purge, with its response, and a record
  * that never held a response is archived when it is deleted.  The
- * extension never deletes from the archive.
+ * extension never deletes from the archive.  Without the archive table
+ * (renamed or moved away, or a table still at 1.0), both passes end with
+ * an error instead of changing records that could not be copied; the lease
+ * pass goes on.
  *
  * Deleting first leaves purge nothing to do for records that are past both
  * cutoffs.  With tombstone_ttl 0 purge does not run and cleanup deletes as
  * version 1.0 did; so it does on a table still at 1.0 (the columns to
- * purge are 1.1's).  Purge picks its rows through idem_records_unpurged, an
+ * purge are 1.1's), unless archiving is asked for.  Purge picks its rows through idem_records_unpurged, an
  * index of the records that still hold a response, so that it never walks
  * the tombstones it made; cleanup reads idem_records_expiry from the oldest
  * expiry on, which holds only rows it deletes.
@@ -146,6 +149,7 @@ static Oid	plans_nspoid = InvalidOid;
 static char *plans_nspname = NULL;
 static bool plans_tombstones = false;	/* table has the 1.1 columns */
 static bool plans_archive = false;	/* plans copy rows to the archive */
+static bool plans_archive_missing = false;	/* archive wanted, table gone */
 
 static void free_pass_plans(PassPlans *pp);
 static void prepare_pass_plans(PassPlans *pp, const char *action,
@@ -214,6 +218,7 @@ idem_maintenance_forget(void)
 		free_pass_plans(&plans[i]);
 	plans_tombstones = false;
 	plans_archive = false;
+	plans_archive_missing = false;
 	plans_extoid = InvalidOid;
 	plans_nspoid = InvalidOid;
 	if (plans_nspname != NULL)
@@ -238,6 +243,7 @@ idem_maintenance_prepare(Oid extoid)
 	const char *nsp;
 	bool		tombstones;
 	bool		archive;
+	bool		archive_missing;
 	Oid			tableoid;
 	int			i;
 	const char *archive_sql = NULL;
@@ -247,14 +253,22 @@ idem_maintenance_prepare(Oid extoid)
 		get_relname_relid(IDEM_RECORDS_TABLE, nspoid);
 	tombstones = OidIsValid(tableoid) &&
 		get_attnum(tableoid, "response_sealed") != InvalidAttrNumber;
-	/* the archive comes with the same update */
+	/*
+	 * The archive comes with the same update.  When archiving is asked for
+	 * and the table is not there (renamed, moved, or not yet made by the
+	 * update), the cleanup and purge passes refuse to run (idem_pass_batch)
+	 * rather than delete or purge records without their copy; the lease
+	 * pass goes on.
+	 */
 	archive = tombstones && idem_cleanup_action == IDEM_CLEANUP_ARCHIVE &&
 		OidIsValid(get_relname_relid(IDEM_ARCHIVE_TABLE, nspoid));
+	archive_missing = idem_cleanup_action == IDEM_CLEANUP_ARCHIVE && !archive;
 
 	if (plans[IDEM_PASS_LEASES].batch != NULL && extoid == plans_extoid &&
 		nspoid == plans_nspoid && nspname != NULL &&
 		strcmp(nspname, plans_nspname) == 0 &&
-		tombstones == plans_tombstones && archive == plans_archive)
+		tombstones == plans_tombstones && archive == plans_archive &&
+		archive_missing == plans_archive_missing)
 		return;
 
 	idem_maintenance_forget();
@@ -351,6 +365,7 @@ idem_maintenance_prepare(Oid extoid)
 	memcpy(plans, built, sizeof(plans));
 	plans_tombstones = tombstones;
 	plans_archive = archive;
+	plans_archive_missing = archive_missing;
 	plans_extoid = extoid;
 	plans_nspoid = nspoid;
 	plans_nspname = MemoryContextStrdup(TopMemoryContext, nspname);
@@ -516,6 +531,23 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 		return 0;
 	}
 	Assert(plans[run->pass].batch != NULL);
+	if (run->pass != IDEM_PASS_LEASES && plans_archive_missing)
+	{
+		if (!plans_tombstones)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("idempotency %s cannot archive: the archive needs version 1.1 of extension \"%s\"",
+							def->name, IDEM_EXTENSION_NAME),
+					 errdetail("idempotency.cleanup_action is \"archive\": no record is deleted without its copy."),
+					 errhint("Run ALTER EXTENSION %s UPDATE, or set idempotency.cleanup_action to \"delete\" for this database.",
+							 IDEM_EXTENSION_NAME)));
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("idempotency %s cannot archive: relation \"%s.%s\" does not exist",
+						def->name, plans_nspname, IDEM_ARCHIVE_TABLE),
+				 errdetail("idempotency.cleanup_action is \"archive\": no record is purged or deleted without its copy."),
+				 errhint("Give the table back its name, or set idempotency.cleanup_action to \"delete\".")));
+	}
 	values[0] = TimestampTzGetDatum(pass_cutoff(run->pass));
 	values[1] = Int32GetDatum(limit);
 	values[2] = ids_array(run->skipped, run->nskipped);

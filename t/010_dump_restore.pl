@@ -48,6 +48,16 @@ my $records_query =
 my $before = $node->safe_psql('appdb', $records_query);
 is(scalar(split /\n/, $before), 5, 'five records before the dump');
 
+# The archive (idempotency.cleanup_action = 'archive') is application data
+# too: a copy of the finished record, as cleanup makes it.
+$node->safe_psql('appdb', q{
+	INSERT INTO idem_records_archive
+	SELECT r.*, now() FROM idem_records r WHERE key = 'key-ok'});
+my $archive_query =
+  'SELECT a::text FROM idem_records_archive a ORDER BY id, claimed_at';
+my $archive_before = $node->safe_psql('appdb', $archive_query);
+like($archive_before, qr/PAY-1/, 'the archive holds a copy with its response');
+
 # Custom format through pg_restore, and plain SQL through psql.
 my $dump = $node->basedir . '/appdb.dump';
 my $sql = $node->basedir . '/appdb.sql';
@@ -68,6 +78,12 @@ foreach my $db ('restored', 'restored_sql')
 {
 	is($node->safe_psql($db, $records_query), $before,
 		"$db: every record is back, column for column");
+	is($node->safe_psql($db, $archive_query), $archive_before,
+		"$db: the archive is back, column for column");
+	my ($archive_ret, $archive_out, $archive_err) =
+	  $node->psql($db, 'SET ROLE app; SELECT count(*) FROM idem_records_archive');
+	like($archive_err, qr/permission denied for table idem_records_archive/,
+		"$db: the application's role cannot read the archive");
 
 	is($node->safe_psql($db, q{
 		SET ROLE app;

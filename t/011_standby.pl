@@ -10,7 +10,13 @@ use Test::More;
 
 my $primary = PostgreSQL::Test::Cluster->new('primary');
 $primary->init(allows_streaming => 1);
-$primary->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
+# No worker: its lease pass would mark key-expired unknown on the primary
+# whenever a cycle happens to run before the standby is asked.
+$primary->append_conf(
+	'postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.database = 'no_such_database'
+});
 $primary->start;
 $primary->safe_psql('postgres', q{
 	CREATE EXTENSION idempotency;
