@@ -74,8 +74,9 @@
  * of resources, which are raised again), the subtransaction is rolled
  * back, the batch's rows are locked again and changed one by one, each in
  * a subtransaction of its own.  A row that fails is skipped with a WARNING
- * naming its id (never its key), and its id joins the list the later
- * batches of the same run leave out, so that every batch either changes
+ * naming its id and its key's hash prefix (never its key), and its id
+ * joins the list the later batches of the same run leave out, so that
+ * every batch either changes
  * rows or sets aside new ones: the skipped rows, always first in the
  * index order, can never hold the good ones back.  The next run tries them
  * again.  The batch that succeeds, the usual case, costs one
@@ -106,6 +107,7 @@
 #include "idempotency.h"
 #include "catalog.h"
 #include "maintenance.h"
+#include "security.h"
 #include "stat_operations.h"
 
 PG_FUNCTION_INFO_V1(idem_expire_leases);
@@ -165,6 +167,7 @@ static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
 static bool error_concerns_rows(int sqlerrcode);
 static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
 static void skip_record(IdemPassRun *run, int64 id, ErrorData *edata);
+static char *record_key(int64 id);
 static int	positive_argument(FunctionCallInfo fcinfo, int argno,
 							  const char *name, int setting);
 
@@ -592,20 +595,34 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 
 /*
  * Report a record that could not be processed and add it to the run's
- * list of skipped records.  The message names the record by its id only:
- * the error's detail, which may quote the row (a key among it), is left
- * out.
+ * list of skipped records.  The message names the record by its id and its
+ * key's hash prefix, never its key: the error's detail, which may quote the
+ * row, is left out, and the key is taken out of the error's message, which
+ * a trigger or a constraint of the owner's may have put there.
  */
 static void
 skip_record(IdemPassRun *run, int64 id, ErrorData *edata)
 {
 	const PassDef *def = &pass_defs[run->pass];
 	MemoryContext oldcontext;
+	char	   *key = record_key(id);
+	char	   *message;
+	char	   *key_hash;
 
+	if (key != NULL)
+	{
+		message = idem_redact_key(edata->message, key);
+		key_hash = idem_key_hash_prefix(key, strlen(key));
+	}
+	else
+	{
+		message = pstrdup(edata->message);
+		key_hash = pstrdup("-");
+	}
 	ereport(WARNING,
 			(errcode(edata->sqlerrcode),
-			 errmsg("idempotency %s skipped record %lld: %s",
-					def->name, (long long) id, edata->message),
+			 errmsg("idempotency %s skipped record %lld (key hash %s): %s",
+					def->name, (long long) id, key_hash, message),
 			 errdetail("The record is left as it is and tried again by the next pass; the other records are processed.")));
 
 	oldcontext = MemoryContextSwitchTo(run->context);
@@ -619,10 +636,34 @@ skip_record(IdemPassRun *run, int64 id, ErrorData *edata)
 	run->skipped[run->nskipped++] = id;
 	if (run->last_skip != NULL)
 		pfree(run->last_skip);
-	run->last_skip = psprintf("%s skipped record %lld: %s", def->name,
-							  (long long) id, edata->message);
+	run->last_skip = psprintf("%s skipped record %lld (key hash %s): %s", def->name,
+							  (long long) id, key_hash, message);
 	MemoryContextSwitchTo(oldcontext);
 	FreeErrorData(edata);
+}
+
+/*
+ * The key of a record, or NULL when it is gone.  Only for the rare record a
+ * pass skips, so the statement is not kept.  SPI is connected.
+ */
+static char *
+record_key(int64 id)
+{
+	Oid			argtypes[1] = {INT8OID};
+	Datum		values[1];
+	char	   *key = NULL;
+	int			ret;
+
+	values[0] = Int64GetDatum(id);
+	ret = SPI_execute_with_args(psprintf("SELECT key FROM %s.idem_records"
+										 " WHERE id OPERATOR(pg_catalog.=) $1",
+										 quote_identifier(plans_nspname)),
+								1, argtypes, values, NULL, true, 1);
+	if (ret == SPI_OK_SELECT && SPI_processed == 1)
+		key = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	if (SPI_tuptable != NULL)
+		SPI_freetuptable(SPI_tuptable);
+	return key;
 }
 
 /*
