@@ -325,6 +325,34 @@ CREATE FUNCTION idem_list(
     AS 'MODULE_PATHNAME', 'idem_list'
     LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+-- idem_stats gains cleanup_overdue: finished records that cleanup should
+-- have handled by now (deleted past expires_at + cleanup_grace +
+-- tombstone_ttl, or purged past expires_at + cleanup_grace and still
+-- holding a response), which the tombstones kept on purpose do not inflate.
+-- The settings are read where they are defined or set, else their
+-- defaults.
+CREATE OR REPLACE VIEW idem_stats AS
+WITH settings AS (
+    SELECT coalesce(nullif(pg_catalog.current_setting('idempotency.cleanup_grace', true), ''),
+                    '10min')::interval AS grace,
+           coalesce(nullif(pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''),
+                    '7d')::interval AS tombstone_ttl)
+SELECT operation,
+       state,
+       count(*) AS records,
+       max(clock_timestamp() - claimed_at)
+           FILTER (WHERE state = 'processing') AS oldest_processing_age,
+       count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'retryable')
+                          AND expires_at < clock_timestamp()) AS expired_awaiting_cleanup,
+       count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'retryable')
+                          AND (expires_at < clock_timestamp() - s.grace - s.tombstone_ttl
+                               OR (expires_at < clock_timestamp() - s.grace
+                                   AND (response_headers IS NOT NULL OR response_body IS NOT NULL
+                                        OR response_raw_body IS NOT NULL OR response_sealed IS NOT NULL
+                                        OR resource_id IS NOT NULL)))) AS cleanup_overdue
+  FROM idem_records, settings AS s
+ GROUP BY operation, state;
+
 COMMENT ON VIEW idem_stat_operations IS
     'What happened per database, role and operation: claim outcomes, completions, failures, maintenance work';
 COMMENT ON FUNCTION idem_list(text, text, interval, integer) IS

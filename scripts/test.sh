@@ -11,11 +11,13 @@
 #   bash scripts/test.sh                    every suite
 #   bash scripts/test.sh regress tap        only the suites named (regress,
 #                                           isolation, tap, walkthrough,
-#                                           clients, and those listed below)
+#                                           clients, exporter, and those
+#                                           listed below)
 #   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
 #       bash scripts/test.sh regress tap    only these tests of a suite
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/suite_exporter.sh"
 
 # wanted NAME: whether the suite NAME was asked for (all when none was).
 wanted() {
@@ -344,6 +346,10 @@ else
     failed_suites+=(clients)
     failed=$((failed + 1))
 fi
+
+# monitoring/: alert rules checked by promtool, queries scraped through
+# prometheus-postgres-exporter (scripts/suite_exporter.sh).
+wanted exporter && run_exporter_suite
 
 # On failure, show what failed and nothing else: the diffs of the failed
 # pg_regress and isolation tests, and the logs of the failed TAP files (a
