@@ -113,7 +113,13 @@ UPDATE idem_records SET expires_at = clock_timestamp() - interval '1 day'
  WHERE key IN ('purge-me', 'expire-me');
 UPDATE idem_records SET expires_at = clock_timestamp() - interval '30 days'
  WHERE key = 'delete-me';
+-- idem_stats shows them overdue for cleanup until it runs; the tombstones
+-- it keeps are not.
+SELECT state, records, expired_awaiting_cleanup, cleanup_overdue
+  FROM idem_stats WHERE operation = 'stat.maintained' ORDER BY state;
 SELECT idem_cleanup() AS cleaned;
+SELECT state, records, expired_awaiting_cleanup, cleanup_overdue
+  FROM idem_stats WHERE operation = 'stat.maintained' ORDER BY state;
 -- A claim of the purged record: expired.
 SET ROLE regress_stat_app;
 SELECT outcome FROM idem_claim('stat.maintained', 'expire-me');

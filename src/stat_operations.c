@@ -160,7 +160,8 @@ static void pending_flush(void);
 static void pending_xact_callback(XactEvent event, void *arg);
 static void pending_subxact_callback(SubXactEvent event,
 									 SubTransactionId mySubid,
-									 SubTransactionId parentSubid, void *arg);
+									 SubTransactionId parentSubid,
+									 void *arg);
 static void require_stat_area(void);
 
 /*
@@ -248,7 +249,7 @@ stat_shmem_startup(void)
  * whole zero-padded buffer.
  */
 static uint32
-stat_key_hash(const void *key, Size keysize)
+stat_key_hash(const void *key, Size keysize pg_attribute_unused())
 {
 	const StatKey *k = (const StatKey *) key;
 
@@ -436,6 +437,7 @@ idem_stat_count_at_commit(Oid userid, const char *operation, int oplen,
 {
 	PendingCount *p;
 	StatKey		key;
+	int			nestlevel = GetCurrentTransactionNestLevel();
 
 	if (!idem_stat_enabled() || n == 0)
 		return;
@@ -444,6 +446,20 @@ idem_stat_count_at_commit(Oid userid, const char *operation, int oplen,
 		RegisterXactCallback(pending_xact_callback, NULL);
 		RegisterSubXactCallback(pending_subxact_callback, NULL);
 		callbacks_registered = true;
+	}
+	make_key(&key, userid, operation, oplen);
+
+	/* the same count as the last one (a batch of completions): add to it */
+	if (npending > 0)
+	{
+		p = &pending[npending - 1];
+		if (p->userid == userid && p->counter == counter &&
+			p->nestlevel == nestlevel &&
+			strcmp(p->operation, key.operation) == 0)
+		{
+			p->n += n;
+			return;
+		}
 	}
 	if (npending >= maxpending)
 	{
@@ -454,12 +470,11 @@ idem_stat_count_at_commit(Oid userid, const char *operation, int oplen,
 			repalloc(pending, newmax * sizeof(PendingCount));
 		maxpending = newmax;
 	}
-	make_key(&key, userid, operation, oplen);
 	p = &pending[npending++];
 	p->userid = userid;
 	p->counter = counter;
 	p->n = n;
-	p->nestlevel = GetCurrentTransactionNestLevel();
+	p->nestlevel = nestlevel;
 	memcpy(p->operation, key.operation, STAT_OPERATION_LEN);
 }
 
@@ -494,7 +509,7 @@ pending_flush(void)
  * forget them on abort.
  */
 static void
-pending_xact_callback(XactEvent event, void *arg)
+pending_xact_callback(XactEvent event, void *arg pg_attribute_unused())
 {
 	switch (event)
 	{
@@ -517,8 +532,10 @@ pending_xact_callback(XactEvent event, void *arg)
  * are forgotten on abort.
  */
 static void
-pending_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-						 SubTransactionId parentSubid, void *arg)
+pending_subxact_callback(SubXactEvent event,
+						 SubTransactionId mySubid pg_attribute_unused(),
+						 SubTransactionId parentSubid pg_attribute_unused(),
+						 void *arg pg_attribute_unused())
 {
 	int			level = GetCurrentTransactionNestLevel();
 	int			i;
@@ -545,7 +562,7 @@ pending_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
  * crash (code != 0).
  */
 static void
-stat_shmem_shutdown(int code, Datum arg)
+stat_shmem_shutdown(int code, Datum arg pg_attribute_unused())
 {
 	FILE	   *file;
 	HASH_SEQ_STATUS hash_seq;
@@ -753,6 +770,7 @@ idem_stat_reset(PG_FUNCTION_ARGS)
 	HASH_SEQ_STATUS hash_seq;
 	StatEntry  *entry;
 
+	(void) fcinfo;
 	require_stat_area();
 	LWLockAcquire(stat_shared->lock, LW_EXCLUSIVE);
 	hash_seq_init(&hash_seq, stat_hash);
