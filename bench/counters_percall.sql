@@ -31,10 +31,13 @@ END $$;
 \pset tuples_only on
 \pset format unaligned
 \pset fieldsep '\t'
--- evaluated in the order the rows come: per round, replay then new, the
--- order of on and off alternating between rounds
-SELECT r, kind, track, pg_temp.percall(track, CASE kind WHEN 'replay' THEN 20000 ELSE 2000 END, kind)
+-- One statement (and transaction) per measurement, in this order: per
+-- round, replay then new, the order of on and off alternating between
+-- rounds.  (A transaction holds a lock per new key until it commits.)
+SELECT format('SELECT %s, %L, %L, pg_temp.percall(%L, %s, %L)', r, kind, track, track,
+              CASE kind WHEN 'replay' THEN 20000 ELSE 1000 END, kind)
   FROM generate_series(1, :rounds) r,
-       (VALUES ('replay'), ('new')) AS k(kind),
-       LATERAL (SELECT unnest(CASE WHEN r % 2 = 1 THEN ARRAY['on', 'off'] ELSE ARRAY['off', 'on'] END)) AS t(track)
-;
+       (VALUES (1, 'replay'), (2, 'new')) AS k(ord, kind),
+       LATERAL (SELECT * FROM unnest(CASE WHEN r % 2 = 1 THEN ARRAY['on', 'off'] ELSE ARRAY['off', 'on'] END)
+                WITH ORDINALITY AS u(track, n)) AS t
+ ORDER BY r, k.ord, t.n \gexec

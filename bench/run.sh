@@ -581,8 +581,8 @@ part_counters() {
     log "counters: per-call cost in one backend ($COUNTER_ROUNDS rounds)"
     psql_bench -v rounds="$COUNTER_ROUNDS" -f "$IDEM_TMP/src/bench/counters_percall.sql" >"$percall"
     {
-        echo "Per call in one backend (bench/counters_percall.sql: 20,000 replay claims in one statement, 2,000 new keys"
-        echo "claimed and completed in a PL/pgSQL loop), µs per call, median of $COUNTER_ROUNDS alternating rounds:"
+        echo "Per call in one backend (bench/counters_percall.sql: 20,000 replay claims in one statement, 1,000 new keys"
+        echo "claimed and completed in a PL/pgSQL loop, one transaction), µs per call, median of $COUNTER_ROUNDS alternating rounds:"
         echo
         echo "| workload | counting on µs | counting off µs | on - off µs | median of the rounds' on / off |"
         echo "| --- | ---: | ---: | ---: | ---: |"

@@ -116,20 +116,6 @@ int			idem_stat_max = 5000;
 bool		idem_stat_track = true;
 bool		idem_stat_save = true;
 
-/*
- * The counter of each claim outcome.  A new IdemOutcome needs one line
- * here (and its column, IdemStatCounter and the SQL's).  An outcome left
- * out maps to IDEM_STAT_NONE and is not counted.
- */
-static const IdemStatCounter outcome_counter[] = {
-	[IDEM_OUTCOME_PROCEED] = IDEM_STAT_PROCEED,
-	[IDEM_OUTCOME_REPLAY] = IDEM_STAT_REPLAY,
-	[IDEM_OUTCOME_IN_PROGRESS] = IDEM_STAT_IN_PROGRESS,
-	[IDEM_OUTCOME_MISMATCH] = IDEM_STAT_MISMATCH,
-	[IDEM_OUTCOME_UNKNOWN] = IDEM_STAT_UNKNOWN,
-	[IDEM_OUTCOME_EXPIRED] = IDEM_STAT_EXPIRED,
-};
-
 static StatShared *stat_shared = NULL;
 static HTAB *stat_hash = NULL;
 
@@ -163,6 +149,7 @@ static void pending_subxact_callback(SubXactEvent event,
 									 SubTransactionId parentSubid,
 									 void *arg);
 static void require_stat_area(void);
+static IdemStatCounter outcome_counter(IdemOutcome outcome);
 
 /*
  * Install the shared-memory hooks.  Called from _PG_init while
@@ -284,6 +271,32 @@ idem_stat_enabled(void)
 }
 
 /*
+ * The counter of a claim outcome.  A new IdemOutcome needs one case here
+ * (and its column: IdemStatCounter, idem_stat_operations() in SQL); the
+ * switch has no default, so that the compiler names an outcome left out.
+ */
+static IdemStatCounter
+outcome_counter(IdemOutcome outcome)
+{
+	switch (outcome)
+	{
+		case IDEM_OUTCOME_PROCEED:
+			return IDEM_STAT_PROCEED;
+		case IDEM_OUTCOME_REPLAY:
+			return IDEM_STAT_REPLAY;
+		case IDEM_OUTCOME_IN_PROGRESS:
+			return IDEM_STAT_IN_PROGRESS;
+		case IDEM_OUTCOME_MISMATCH:
+			return IDEM_STAT_MISMATCH;
+		case IDEM_OUTCOME_UNKNOWN:
+			return IDEM_STAT_UNKNOWN;
+		case IDEM_OUTCOME_EXPIRED:
+			return IDEM_STAT_EXPIRED;
+	}
+	return IDEM_STAT_NONE;
+}
+
+/*
  * Count a claim's answer and the time it took.  The one entry point of
  * idem_claim (and of every other function that answers claims).
  */
@@ -296,8 +309,7 @@ idem_stat_count_claim(Oid userid, text *operation, IdemOutcome outcome,
 
 	if (!idem_stat_enabled())
 		return;
-	counter = (int) outcome < (int) lengthof(outcome_counter) ?
-		outcome_counter[outcome] : IDEM_STAT_NONE;
+	counter = outcome_counter(outcome);
 	Assert(counter != IDEM_STAT_NONE);
 	if (counter == IDEM_STAT_NONE)
 		return;
