@@ -325,12 +325,12 @@ CREATE FUNCTION idem_list(
     AS 'MODULE_PATHNAME', 'idem_list'
     LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
--- idem_stats gains cleanup_overdue: finished records that cleanup should
--- have handled by now (deleted past expires_at + cleanup_grace +
--- tombstone_ttl, or purged past expires_at + cleanup_grace and still
--- holding a response), which the tombstones kept on purpose do not inflate.
--- The settings are read where they are defined or set, else their
--- defaults.
+-- idem_stats gains cleanup_overdue: finished records past the time
+-- cleanup should have deleted them (expires_at + cleanup_grace +
+-- tombstone_ttl), which the tombstones kept on purpose do not inflate.  The
+-- settings are read where they are defined or set, else their defaults.
+-- Only columns of 1.0 that records always keep are named, so that the
+-- owner can still drop or replace the response columns.
 CREATE OR REPLACE VIEW idem_stats AS
 WITH settings AS (
     SELECT coalesce(nullif(pg_catalog.current_setting('idempotency.cleanup_grace', true), ''),
@@ -345,11 +345,8 @@ SELECT operation,
        count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'retryable')
                           AND expires_at < clock_timestamp()) AS expired_awaiting_cleanup,
        count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'retryable')
-                          AND (expires_at < clock_timestamp() - s.grace - s.tombstone_ttl
-                               OR (expires_at < clock_timestamp() - s.grace
-                                   AND (response_headers IS NOT NULL OR response_body IS NOT NULL
-                                        OR response_raw_body IS NOT NULL OR response_sealed IS NOT NULL
-                                        OR resource_id IS NOT NULL)))) AS cleanup_overdue
+                          AND expires_at < clock_timestamp() - s.grace - s.tombstone_ttl)
+           AS cleanup_overdue
   FROM idem_records, settings AS s
  GROUP BY operation, state;
 

@@ -113,8 +113,8 @@ UPDATE idem_records SET expires_at = clock_timestamp() - interval '1 day'
  WHERE key IN ('purge-me', 'expire-me');
 UPDATE idem_records SET expires_at = clock_timestamp() - interval '30 days'
  WHERE key = 'delete-me';
--- idem_stats shows them overdue for cleanup until it runs; the tombstones
--- it keeps are not.
+-- idem_stats shows the one past its deletion time overdue until cleanup
+-- runs; the records only past their expiry (to be purged) are not.
 SELECT state, records, expired_awaiting_cleanup, cleanup_overdue
   FROM idem_stats WHERE operation = 'stat.maintained' ORDER BY state;
 SELECT idem_cleanup() AS cleaned;
