@@ -40,6 +40,10 @@ ISOLATION += claim_roles token_probe wait_takeover
 OBJS += src/worker.o src/worker_status.o src/maintenance.o
 REGRESS += maintenance
 
+# Operations: counters in shared memory, self-service listing
+OBJS += src/stat_operations.o src/list.o
+REGRESS += stat_operations list
+
 # Expiry: tombstones and the expired answer
 REGRESS += expiry archive_faults
 

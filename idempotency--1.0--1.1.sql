@@ -253,3 +253,119 @@ REVOKE ALL ON idem_records_archive FROM PUBLIC;
 --
 COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
     'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown, expired or rate_limited';
+
+-- Operations: counters of what happened, per database, role and operation,
+-- in shared memory (src/stat_operations.c; docs/monitoring.md), and
+-- idem_list() for reconciliation jobs that run as the application's role
+-- (src/list.c).  idem_stat_operations() shows a role its own rows, or every
+-- row with the privileges of pg_read_all_stats; without the library in
+-- shared_preload_libraries it returns no rows.  Nothing is granted to
+-- PUBLIC: docs/monitoring.md lists the grants of a monitoring role.
+--
+CREATE FUNCTION idem_stat_operations(
+    OUT dbid                     oid,
+    OUT userid                   oid,
+    OUT operation                text,
+    OUT proceed                  bigint,
+    OUT replay                   bigint,
+    OUT in_progress              bigint,
+    OUT mismatch                 bigint,
+    OUT unknown                  bigint,
+    OUT expired                  bigint,
+    OUT rate_limited             bigint,
+    OUT completions              bigint,
+    OUT failures                 bigint,
+    OUT retryable_failures       bigint,
+    OUT stale_tokens             bigint,
+    OUT leases_expired_unknown   bigint,
+    OUT leases_expired_retryable bigint,
+    OUT records_purged           bigint,
+    OUT records_deleted          bigint,
+    OUT total_claim_time         double precision,
+    OUT stats_since              timestamptz)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'idem_stat_operations'
+    LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
+
+CREATE VIEW idem_stat_operations AS
+SELECT s.dbid, d.datname AS database, s.userid, r.rolname AS role,
+       s.operation, s.proceed, s.replay, s.in_progress, s.mismatch,
+       s.unknown, s.expired, s.rate_limited, s.completions, s.failures,
+       s.retryable_failures, s.stale_tokens, s.leases_expired_unknown,
+       s.leases_expired_retryable, s.records_purged, s.records_deleted,
+       s.total_claim_time, s.stats_since
+  FROM idem_stat_operations() AS s
+  LEFT JOIN pg_catalog.pg_database AS d ON d.oid = s.dbid
+  LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = s.userid;
+
+CREATE FUNCTION idem_stat_operations_info(
+    OUT evictions   bigint,
+    OUT stats_reset timestamptz)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'idem_stat_operations_info'
+    LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
+
+CREATE VIEW idem_stat_operations_info AS
+SELECT * FROM idem_stat_operations_info();
+
+CREATE FUNCTION idem_stat_reset()
+    RETURNS void
+    AS 'MODULE_PATHNAME', 'idem_stat_reset'
+    LANGUAGE C VOLATILE PARALLEL SAFE;
+
+CREATE FUNCTION idem_list(
+    state      text,
+    operation  text DEFAULT NULL,
+    older_than interval DEFAULT NULL,
+    max_rows   integer DEFAULT 100)
+    RETURNS TABLE (
+        record_id      bigint,
+        tenant         text,
+        caller         text,
+        operation      text,
+        key            text,
+        state          text,
+        attempt        integer,
+        recovery_point text,
+        resource_id    text,
+        claimed_age    interval,
+        updated_age    interval)
+    AS 'MODULE_PATHNAME', 'idem_list'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- idem_stats gains cleanup_overdue: finished records past the time
+-- cleanup should have deleted them (expires_at + cleanup_grace +
+-- tombstone_ttl), which the tombstones kept on purpose do not inflate.  The
+-- settings are read where they are defined or set, else their defaults.
+-- Only columns of 1.0 that records always keep are named, so that the
+-- owner can still drop or replace the response columns.
+CREATE OR REPLACE VIEW idem_stats AS
+WITH settings AS (
+    SELECT coalesce(nullif(pg_catalog.current_setting('idempotency.cleanup_grace', true), ''),
+                    '10min')::interval AS grace,
+           coalesce(nullif(pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''),
+                    '7d')::interval AS tombstone_ttl)
+SELECT operation,
+       state,
+       count(*) AS records,
+       max(clock_timestamp() - claimed_at)
+           FILTER (WHERE state = 'processing') AS oldest_processing_age,
+       count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'retryable')
+                          AND expires_at < clock_timestamp()) AS expired_awaiting_cleanup,
+       count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'retryable')
+                          AND expires_at < clock_timestamp() - s.grace - s.tombstone_ttl)
+           AS cleanup_overdue
+  FROM idem_records, settings AS s
+ GROUP BY operation, state;
+
+COMMENT ON VIEW idem_stat_operations IS
+    'What happened per database, role and operation: claim outcomes, completions, failures, maintenance work';
+COMMENT ON FUNCTION idem_list(text, text, interval, integer) IS
+    'The calling role''s own idempotency records in a state, oldest change first';
+
+REVOKE ALL ON FUNCTION idem_stat_operations() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_stat_operations_info() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_stat_reset() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_list(text, text, interval, integer) FROM PUBLIC;
+REVOKE ALL ON idem_stat_operations FROM PUBLIC;
+REVOKE ALL ON idem_stat_operations_info FROM PUBLIC;

@@ -23,6 +23,7 @@
 #include "idempotency.h"
 #include "rate_limit.h"
 #include "response_seal.h"
+#include "stat_operations.h"
 #include "worker.h"
 #include "worker_status.h"
 
@@ -73,6 +74,7 @@ _PG_init(void)
 	define_postmaster_settings();
 	idem_status_install_hooks();
 	idem_rate_limit_install_hooks();
+	idem_stat_install_hooks();
 	idem_register_workers();
 }
 
@@ -152,6 +154,22 @@ define_settings(void)
 							   idem_check_encryption_key,
 							   idem_assign_encryption_key_previous,
 							   idem_show_encryption_key_previous);
+	DefineCustomBoolVariable("idempotency.track_operations",
+							 "Counts claim outcomes, completions and maintenance work in idem_stat_operations.",
+							 "Needs the library in shared_preload_libraries.",
+							 &idem_stat_track,
+							 true,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idempotency.stat_save",
+							 "Keeps the counters of idem_stat_operations across a clean server restart.",
+							 NULL,
+							 &idem_stat_save,
+							 true,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
 	DefineCustomIntVariable("idempotency.naptime",
 							"Time the background worker sleeps between cycles.",
 							NULL,
@@ -238,6 +256,14 @@ define_postmaster_settings(void)
 							   "postgres",
 							   PGC_POSTMASTER, 0,
 							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.stat_max",
+							"Most (database, role, operation) entries idem_stat_operations keeps.",
+							"The least recently used are evicted to make room for new ones.",
+							&idem_stat_max,
+							5000, 100, INT_MAX / 2,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
 }

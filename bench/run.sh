@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh: measure the extension side by side with its baselines.
 #
-#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory|responses]
+#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters]
 #
 # One command, one throwaway cluster (scripts/lib.sh), a Markdown report
 # printed at the end.  The parts (bench/README.md says what each measures):
@@ -23,9 +23,13 @@
 #                as raw bytes, and as raw bytes encrypted at rest
 #                (idempotency.encryption_key), ROUNDS alternating rounds;
 #                ratios to the jsonb path.
+#   counters     new keys and replays with idem_stat_operations counting
+#                (idempotency.track_operations on, the default) and not
+#                (off), COUNTER_ROUNDS rounds alternating the order;
+#                median of the rounds' on/off ratios.
 #
-#   quick        all six, small: a smoke test of a few minutes.
-#   full         all six at full size (about 50 minutes on 2 cores).
+#   quick        all seven, small: a smoke test of a few minutes.
+#   full         all seven at full size (about 55 minutes on 2 cores).
 #
 # Environment (defaults for full / quick; a single part uses full's):
 #   PG_CONFIG, KEEP_TMP=1 (scripts/lib.sh), REPORT=file (also write the report there)
@@ -38,6 +42,7 @@
 #   "cleanup_batch_size=100"; unset: the defaults)
 #   SIZES "10000 1000000 10000000" / "10000 200000", SIZE_ROUNDS 3 / 1, SIZE_SECONDS 20 / 5
 #   MEM_SECONDS 300 / 30, MEM_INTERVAL 30 / 5
+#   COUNTER_ROUNDS 7 / 2 (RUN_SECONDS each)
 set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 . "$BENCH_DIR/../scripts/lib.sh"
@@ -45,14 +50,14 @@ BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 MODE=${1:-quick}
 case $MODE in
     quick)
-        PARTS="tps fingerprint cleanup size memory responses"
+        PARTS="tps fingerprint cleanup size memory responses counters"
         : "${KEYS:=20000}" "${ROUNDS:=2}" "${RUN_SECONDS:=3}" "${FP_ROUNDS:=1}" "${FP_SECONDS:=3}"
         : "${BACKLOG:=100000}" "${CLEANUP_ROUNDS:=1}" "${CLEANUP_SECONDS:=15}"
         : "${SIZES:=10000 200000}" "${SIZE_ROUNDS:=1}" "${SIZE_SECONDS:=5}"
-        : "${MEM_SECONDS:=30}" "${MEM_INTERVAL:=5}" ;;
-    full) PARTS="tps fingerprint cleanup size memory responses" ;;
-    tps|fingerprint|cleanup|size|memory|responses) PARTS=$MODE ;;
-    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses]" >&2; exit 2 ;;
+        : "${MEM_SECONDS:=30}" "${MEM_INTERVAL:=5}" "${COUNTER_ROUNDS:=2}" ;;
+    full) PARTS="tps fingerprint cleanup size memory responses counters" ;;
+    tps|fingerprint|cleanup|size|memory|responses|counters) PARTS=$MODE ;;
+    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters]" >&2; exit 2 ;;
 esac
 CLIENTS=${CLIENTS:-4}
 KEYS=${KEYS:-100000}
@@ -71,6 +76,7 @@ SIZE_ROUNDS=${SIZE_ROUNDS:-3}
 SIZE_SECONDS=${SIZE_SECONDS:-20}
 MEM_SECONDS=${MEM_SECONDS:-300}
 MEM_INTERVAL=${MEM_INTERVAL:-30}
+COUNTER_ROUNDS=${COUNTER_ROUNDS:-7}
 has_part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 START_TIME=$(date +%s)
@@ -86,7 +92,8 @@ trap cleanup EXIT
 install_packages
 build_and_install
 make_workdir
-if has_part tps || has_part cleanup || has_part size || has_part memory || has_part responses; then
+if has_part tps || has_part cleanup || has_part size || has_part memory || has_part responses \
+    || has_part counters; then
     start_cluster "idempotency.database = 'bench'" \
         "idempotency.naptime = '1h'" \
         "synchronous_commit = off" \
@@ -526,12 +533,79 @@ SQL
     } | out
 }
 
-if has_part tps || has_part cleanup || has_part memory; then needs_bench_db; fi
+# --- counters: idem_stat_operations on and off ----------------------------------
+# The same workloads of the extension, with idempotency.track_operations on
+# (its default: every claim counted, completions at commit) and off (the
+# claim path then tests one boolean and counts nothing), in one server, the
+# order alternating between rounds so that neither always runs on a warmer
+# cache.
+part_counters() {
+    local results=$IDEM_TMP/counters.tsv round w v tps order
+    : >"$results"
+    for round in $(seq 1 "$COUNTER_ROUNDS"); do
+        log "counters: round $round of $COUNTER_ROUNDS"
+        if [ $((round % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
+        for w in new replay; do
+            for v in $order; do
+                tps=$(as_postgres env PGOPTIONS="-c idempotency.track_operations=$v" \
+                    "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 \
+                    -T "$RUN_SECONDS" -D keys="$KEYS" -f "$W/${w}_ext.sql" bench 2>&1 |
+                    sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
+                [ -n "$tps" ] || { log "pgbench failed for $w with counting $v"; return 1; }
+                printf '%s\t%s\n' "${w}_$v" "$tps" >>"$results"
+                printf '  %-16s %10.0f tps\n' "${w}_$v" "$tps" >&2
+            done
+        done
+        psql_bench -c "VACUUM ANALYZE"
+    done
+    {
+        echo "### Counters: idem_stat_operations on and off"
+        echo
+        echo "| workload | counting on tps | counting off tps | on / off | median of the rounds' on / off | rounds' on / off |"
+        echo "| --- | ---: | ---: | ---: | ---: | --- |"
+        for w in new replay; do
+            printf '| %s | %.0f | %.0f | %s | %s | %s |\n' "$w" "$(tps_of "${w}_on")" "$(tps_of "${w}_off")" \
+                "$(ratio "$(tps_of "${w}_on")" "$(tps_of "${w}_off")")" "$(round_ratio "${w}_on" "${w}_off")" \
+                "$(awk -F'\t' -v a="${w}_on" -v b="${w}_off" '$1 == a { x[++na] = $2 } $1 == b { y[++nb] = $2 }
+                    END { for (i = 1; i <= na && i <= nb; i++) printf "%s%.3f", (i > 1 ? " " : ""), x[i] / y[i] }' "$results")"
+        done
+        echo
+        echo "idempotency.track_operations on and off in the same server, $COUNTER_ROUNDS rounds alternating the order,"
+        echo "$CLIENTS clients, ${RUN_SECONDS}s per run; medians, and the median of the ratio measured within each round."
+        echo
+    } | out
+
+    # The per-call cost in one backend (bench/counters_percall.sql): the
+    # steadier measure on a shared machine.
+    local percall=$IDEM_TMP/counters_percall.tsv k on off
+    log "counters: per-call cost in one backend ($COUNTER_ROUNDS rounds)"
+    psql_bench -v rounds="$COUNTER_ROUNDS" -f "$IDEM_TMP/src/bench/counters_percall.sql" >"$percall"
+    {
+        echo "Per call in one backend (bench/counters_percall.sql: 20,000 replay claims in one statement, 1,000 new keys"
+        echo "claimed and completed in a PL/pgSQL loop, one transaction), µs per call, median of $COUNTER_ROUNDS alternating rounds:"
+        echo
+        echo "| workload | counting on µs | counting off µs | on - off µs | median of the rounds' on / off |"
+        echo "| --- | ---: | ---: | ---: | ---: |"
+        for k in replay new; do
+            on=$(awk -F'\t' -v k="$k" '$2 == k && $3 == "on" { print $4 }' "$percall" | median)
+            off=$(awk -F'\t' -v k="$k" '$2 == k && $3 == "off" { print $4 }' "$percall" | median)
+            printf '| %s | %.2f | %.2f | %.2f | %s |\n' "$k" "$on" "$off" \
+                "$(awk -v a="$on" -v b="$off" 'BEGIN { print a - b }')" \
+                "$(awk -F'\t' -v k="$k" '$2 == k { v[$1 "," $3] = $4; r[$1] = 1 }
+                    END { for (i in r) printf "%.4f\n", v[i ",on"] / v[i ",off"] }' "$percall" |
+                    median | awk '{ printf "%.3f", $1 }')"
+        done
+        echo
+    } | out
+}
+
+if has_part tps || has_part cleanup || has_part memory || has_part counters; then needs_bench_db; fi
 if has_part tps; then part_tps; fi
 if has_part cleanup; then part_cleanup; fi
 if has_part size; then part_size; fi
 if has_part memory; then part_memory; fi
 if has_part responses; then part_responses; fi
+if has_part counters; then part_counters; fi
 if [ -n "$FP_REPORT" ]; then
     { echo "### Fingerprint (bench/fingerprint.sh)"; echo; echo "$FP_REPORT"; echo; } | out
 fi

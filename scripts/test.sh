@@ -11,12 +11,13 @@
 #   bash scripts/test.sh                    every suite
 #   bash scripts/test.sh regress tap        only the suites named (regress,
 #                                           isolation, tap, walkthrough,
-#                                           clients, sharding, and those
+#                                           clients, sharding, exporter, and those
 #                                           listed below)
 #   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
 #       bash scripts/test.sh regress tap    only these tests of a suite
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/suite_exporter.sh"
 
 # wanted NAME: whether the suite NAME was asked for (all when none was).
 wanted() {
@@ -351,6 +352,10 @@ fi
 
 # The PL/Proxy layout of examples/sharding (scripts/suite_sharding.sh).
 wanted sharding && . "$IDEM_ROOT/scripts/suite_sharding.sh"
+
+# monitoring/: alert rules checked by promtool, queries scraped through
+# prometheus-postgres-exporter (scripts/suite_exporter.sh).
+wanted exporter && run_exporter_suite
 
 # On failure, show what failed and nothing else: the diffs of the failed
 # pg_regress and isolation tests, and the logs of the failed TAP files (a

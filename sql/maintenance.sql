@@ -117,7 +117,7 @@ SELECT id, key, state FROM idem_records ORDER BY id;
 CREATE FUNCTION keep_poison() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF OLD.key LIKE 'poison-%' THEN
-    RAISE EXCEPTION 'this record is kept by a test trigger';
+    RAISE EXCEPTION 'record % is kept by a test trigger', OLD.key;
   END IF;
   RETURN OLD;
 END $$;
@@ -127,7 +127,10 @@ UPDATE idem_records SET state = 'succeeded', response_status = 200,
        completed_at = now();
 UPDATE idem_records SET expires_at = now() - interval '1 day' * (10 - id);
 
--- Cleanup skips them the same way, in batches that meet them first.
+-- Cleanup skips them the same way, in batches that meet them first.  The
+-- trigger's message quotes the key: the warning names it by its hash prefix
+-- instead, the one the application computes as
+SELECT left(encode(sha256(convert_to('poison-1', 'UTF8')), 'hex'), 8) AS key_hash;
 SELECT idem_cleanup(batch_size => 2, max_batches => 2) AS deleted;
 SELECT idem_cleanup() AS deleted;
 SELECT id, key, state FROM idem_records ORDER BY id;

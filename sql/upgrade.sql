@@ -76,6 +76,7 @@ DELETE FROM idem_records WHERE key = 'expired-under-1.0';
 CREATE ROLE regress_upgrade_app;
 GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
    TO regress_upgrade_app;
+GRANT SELECT ON idem_stats TO regress_upgrade_app;
 
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
@@ -90,8 +91,17 @@ SELECT p.oid::regprocedure AS function,
   FROM pg_proc p JOIN pg_init_privs i ON i.objoid = p.oid AND i.classoid = 'pg_proc'::regclass
  WHERE p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_resolve')
  ORDER BY p.proname;
+-- idem_stats, replaced to add cleanup_overdue, keeps the grant made on it;
+-- the objects 1.1 adds are granted to nobody.
+SELECT has_table_privilege('regress_upgrade_app', 'idem_stats', 'SELECT') AS stats_grant_kept,
+       has_table_privilege('regress_upgrade_app', 'idem_stat_operations', 'SELECT') AS may_read_counters,
+       has_function_privilege('regress_upgrade_app', 'idem_stat_operations()', 'EXECUTE') AS may_count,
+       has_function_privilege('regress_upgrade_app', 'idem_stat_reset()', 'EXECUTE') AS may_reset,
+       has_function_privilege('regress_upgrade_app', 'idem_list(text, text, interval, integer)', 'EXECUTE') AS may_list;
+SELECT operation, state, records, expired_awaiting_cleanup, cleanup_overdue FROM idem_stats ORDER BY state;
 REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
   FROM regress_upgrade_app;
+REVOKE SELECT ON idem_stats FROM regress_upgrade_app;
 DROP ROLE regress_upgrade_app;
 
 -- The records answer as before.

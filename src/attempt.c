@@ -30,6 +30,7 @@
 #include "idempotency.h"
 #include "records.h"
 #include "security.h"
+#include "stat_operations.h"
 #include "token.h"
 #include "validate.h"
 
@@ -44,7 +45,7 @@ static void read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
 						  int headers_arg, int resource_arg, int raw_body_arg,
 						  IdemResponse *response);
 static void finish_attempt(const IdemToken *token, const IdemResponse *response);
-static void raise_stale_token(const IdemToken *token) pg_attribute_noreturn();
+static void raise_stale_token(const IdemToken *token, Oid userid) pg_attribute_noreturn();
 
 /*
  * idem_complete(token, http_status, body, headers, resource_id, raw_body):
@@ -107,7 +108,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	idem_become_owner(&user);
 	ok = idem_record_extend_lease(&token, locked_until, now);
 	if (!ok)
-		raise_stale_token(&token);
+		raise_stale_token(&token, user.saved_userid);
 	idem_restore_user(&user);
 	PG_RETURN_TIMESTAMPTZ(locked_until);
 }
@@ -133,7 +134,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	idem_become_owner(&user);
 	ok = idem_record_set_recovery_point(&token, point, GetCurrentTimestamp());
 	if (!ok)
-		raise_stale_token(&token);
+		raise_stale_token(&token, user.saved_userid);
 	idem_restore_user(&user);
 	PG_RETURN_VOID();
 }
@@ -244,34 +245,48 @@ read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
 }
 
 /*
- * Store the outcome of the attempt the token names, or raise.
+ * Store the outcome of the attempt the token names, or raise.  The outcome
+ * is counted in idem_stat_operations when the transaction commits.
  */
 static void
 finish_attempt(const IdemToken *token, const IdemResponse *response)
 {
 	IdemUserContext user;
 	bool		ok;
+	text	   *operation = NULL;
 
 	idem_require_writable("store the outcome of an attempt");
 
 	idem_become_owner(&user);
-	ok = idem_record_finish(token, response, GetCurrentTimestamp());
+	ok = idem_record_finish(token, response, GetCurrentTimestamp(), &operation);
 	if (!ok)
-		raise_stale_token(token);
+		raise_stale_token(token, user.saved_userid);
 	idem_restore_user(&user);
+	idem_stat_count_at_commit(user.saved_userid, VARDATA_ANY(operation),
+							  VARSIZE_ANY_EXHDR(operation),
+							  response->state == IDEM_SUCCEEDED ? IDEM_STAT_COMPLETIONS :
+							  response->state == IDEM_RETRYABLE ? IDEM_STAT_RETRYABLE_FAILURES :
+							  IDEM_STAT_FAILURES, 1);
 }
 
 /*
- * Explain why a token no longer names the record's running attempt.
+ * Explain why a token no longer names the record's running attempt, and
+ * count it for the calling role (userid) in idem_stat_operations under the
+ * record's operation, or the empty operation when the token names no record
+ * of the role.  Counted at once: the error aborts the transaction.
  */
 static void
-raise_stale_token(const IdemToken *token)
+raise_stale_token(const IdemToken *token, Oid userid)
 {
 	IdemRecord	rec;
 	char	   *detail;
 	const char *hint = NULL;
+	bool		found;
 
-	if (!idem_record_fetch_by_id(token->record_id, token->role, false, &rec))
+	found = idem_record_fetch_by_id(token->record_id, token->role, false, &rec);
+	idem_stat_count_now(userid, found ? rec.scope.operation : NULL,
+						IDEM_STAT_STALE_TOKENS, 1);
+	if (!found)
 		detail = psprintf("Record " INT64_FORMAT " no longer exists.",
 						  token->record_id);
 	else if (rec.attempt != token->attempt)

@@ -61,6 +61,7 @@
 #include "key_lock.h"
 #include "rate_limit.h"
 #include "security.h"
+#include "stat_operations.h"
 #include "token.h"
 #include "validate.h"
 
@@ -140,6 +141,7 @@ idem_claim(PG_FUNCTION_ARGS)
 {
 	ClaimRequest req;
 	IdemAnswer	answer;
+	TimestampTz start = idem_stat_enabled() ? GetCurrentTimestamp() : 0;
 
 	read_scope(fcinfo, 0, 1, 3, 4, &req.scope);
 	if (PG_ARGISNULL(2))
@@ -163,6 +165,9 @@ idem_claim(PG_FUNCTION_ARGS)
 	}
 
 	claim_key(&req, &answer);
+	if (start != 0)
+		idem_stat_count_claim(GetUserId(), req.scope.operation, answer.outcome,
+							  GetCurrentTimestamp() - start);
 	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
 }
 
@@ -359,6 +364,10 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 				wrote = idem_record_mark_unknown(&rec, now);
 				if (wrote)
 				{
+					idem_stat_count_at_commit(user.saved_userid,
+											  VARDATA_ANY(req->scope.operation),
+											  VARSIZE_ANY_EXHDR(req->scope.operation),
+											  IDEM_STAT_LEASES_EXPIRED_UNKNOWN, 1);
 					rec.state = IDEM_UNKNOWN;
 					answer_from_record(answer, IDEM_OUTCOME_UNKNOWN, &rec, now);
 				}

@@ -77,8 +77,9 @@
  * of resources, which are raised again), the subtransaction is rolled
  * back, the batch's rows are locked again and changed one by one, each in
  * a subtransaction of its own.  A row that fails is skipped with a WARNING
- * naming its id (never its key), and its id joins the list the later
- * batches of the same run leave out, so that every batch either changes
+ * naming its id and its key's hash prefix (never its key), and its id
+ * joins the list the later batches of the same run leave out, so that
+ * every batch either changes
  * rows or sets aside new ones: the skipped rows, always first in the
  * index order, can never hold the good ones back.  The next run tries them
  * again.  The batch that succeeds, the usual case, costs one
@@ -98,6 +99,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -108,6 +110,8 @@
 #include "idempotency.h"
 #include "catalog.h"
 #include "maintenance.h"
+#include "security.h"
+#include "stat_operations.h"
 
 PG_FUNCTION_INFO_V1(idem_expire_leases);
 PG_FUNCTION_INFO_V1(idem_cleanup);
@@ -137,9 +141,9 @@ typedef struct PassDef
 } PassDef;
 
 static const PassDef pass_defs[IDEM_NUM_PASSES] = {
-	[IDEM_PASS_LEASES] = {"lease expiry", SPI_OK_UPDATE},
-	[IDEM_PASS_CLEANUP] = {"cleanup", SPI_OK_DELETE},
-	[IDEM_PASS_PURGE] = {"purge", SPI_OK_UPDATE},
+	[IDEM_PASS_LEASES] = {"lease expiry", SPI_OK_UPDATE_RETURNING},
+	[IDEM_PASS_CLEANUP] = {"cleanup", SPI_OK_DELETE_RETURNING},
+	[IDEM_PASS_PURGE] = {"purge", SPI_OK_UPDATE_RETURNING},
 };
 
 /* The kept plans, and the extension and schema they were prepared for. */
@@ -159,13 +163,15 @@ static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass);
 static bool pass_enabled(IdemPass pass);
 static Datum ids_array(const int64 *ids, int n);
-static uint64 execute_pass_plan(SPIPlanPtr plan, Datum *values, int expected);
-static bool execute_in_subtransaction(SPIPlanPtr plan, Datum *values,
-									  int expected, uint64 *processed,
+static uint64 execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values);
+static void count_pass_rows(IdemPass pass);
+static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
+									  Datum *values, uint64 *processed,
 									  ErrorData **edata);
 static bool error_concerns_rows(int sqlerrcode);
 static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
 static void skip_record(IdemPassRun *run, int64 id, ErrorData *edata);
+static char *record_key(int64 id);
 static int	positive_argument(FunctionCallInfo fcinfo, int argno,
 							  const char *name, int setting);
 
@@ -383,23 +389,27 @@ static void
 prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
 				   const char *archive)
 {
+	/* what count_pass_rows() reads; the state is the new one */
+	const char *returning = " RETURNING r.role, r.operation, r.state";
+
 	/*
 	 * The cast makes the id list an expression (an InitPlan run once), not
 	 * a sub-select ANY would compare every id with.
 	 */
 	if (archive == NULL)
 	{
-		pp->batch = prepare_kept_plan(psprintf("%s(ARRAY(%s))", action, selection));
-		pp->one = prepare_kept_plan(psprintf("%s($3)", action));
+		pp->batch = prepare_kept_plan(psprintf("%s(ARRAY(%s))%s", action,
+											   selection, returning));
+		pp->one = prepare_kept_plan(psprintf("%s($3)%s", action, returning));
 	}
 	else
 	{
 		pp->batch = prepare_kept_plan(psprintf(
-			"WITH ids AS (SELECT ARRAY(%s) AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])",
-			selection, archive, action));
+			"WITH ids AS (SELECT ARRAY(%s) AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])%s",
+			selection, archive, action, returning));
 		pp->one = prepare_kept_plan(psprintf(
-			"WITH ids AS (SELECT $3 AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])",
-			archive, action));
+			"WITH ids AS (SELECT $3 AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])%s",
+			archive, action, returning));
 	}
 	pp->pick = prepare_kept_plan(selection);
 }
@@ -552,8 +562,8 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	values[1] = Int32GetDatum(limit);
 	values[2] = ids_array(run->skipped, run->nskipped);
 
-	if (execute_in_subtransaction(plans[run->pass].batch, values,
-								  def->expected, &processed, &edata))
+	if (execute_in_subtransaction(run->pass, plans[run->pass].batch, values,
+								  &processed, &edata))
 	{
 		*more = (processed >= (uint64) limit);
 		return (int64) processed;
@@ -576,7 +586,6 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 static int64
 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 {
-	const PassDef *def = &pass_defs[run->pass];
 	int64	   *ids;
 	int64		changed = 0;
 	int			n;
@@ -606,8 +615,8 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 
 		CHECK_FOR_INTERRUPTS();
 		values[2] = ids_array(&ids[i], 1);
-		if (execute_in_subtransaction(plans[run->pass].one, values,
-									  def->expected, &processed, &edata))
+		if (execute_in_subtransaction(run->pass, plans[run->pass].one, values,
+									  &processed, &edata))
 			changed += (int64) processed;
 		else
 			skip_record(run, ids[i], edata);
@@ -619,20 +628,34 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 
 /*
  * Report a record that could not be processed and add it to the run's
- * list of skipped records.  The message names the record by its id only:
- * the error's detail, which may quote the row (a key among it), is left
- * out.
+ * list of skipped records.  The message names the record by its id and its
+ * key's hash prefix, never its key: the error's detail, which may quote the
+ * row, is left out, and the key is taken out of the error's message, which
+ * a trigger or a constraint of the owner's may have put there.
  */
 static void
 skip_record(IdemPassRun *run, int64 id, ErrorData *edata)
 {
 	const PassDef *def = &pass_defs[run->pass];
 	MemoryContext oldcontext;
+	char	   *key = record_key(id);
+	char	   *message;
+	char	   *key_hash;
 
+	if (key != NULL)
+	{
+		message = idem_redact_key(edata->message, key);
+		key_hash = idem_key_hash_prefix(key, strlen(key));
+	}
+	else
+	{
+		message = pstrdup(edata->message);
+		key_hash = pstrdup("-");
+	}
 	ereport(WARNING,
 			(errcode(edata->sqlerrcode),
-			 errmsg("idempotency %s skipped record %lld: %s",
-					def->name, (long long) id, edata->message),
+			 errmsg("idempotency %s skipped record %lld (key hash %s): %s",
+					def->name, (long long) id, key_hash, message),
 			 errdetail("The record is left as it is and tried again by the next pass; the other records are processed.")));
 
 	oldcontext = MemoryContextSwitchTo(run->context);
@@ -646,24 +669,130 @@ skip_record(IdemPassRun *run, int64 id, ErrorData *edata)
 	run->skipped[run->nskipped++] = id;
 	if (run->last_skip != NULL)
 		pfree(run->last_skip);
-	run->last_skip = psprintf("%s skipped record %lld: %s", def->name,
-							  (long long) id, edata->message);
+	run->last_skip = psprintf("%s skipped record %lld (key hash %s): %s", def->name,
+							  (long long) id, key_hash, message);
 	MemoryContextSwitchTo(oldcontext);
 	FreeErrorData(edata);
 }
 
 /*
- * Run a plan and return the number of rows it changed.
+ * The key of a record, or NULL when it is gone.  Only for the rare record a
+ * pass skips, so the statement is not kept.  SPI is connected.
+ */
+static char *
+record_key(int64 id)
+{
+	Oid			argtypes[1] = {INT8OID};
+	Datum		values[1];
+	char	   *key = NULL;
+	int			ret;
+
+	values[0] = Int64GetDatum(id);
+	ret = SPI_execute_with_args(psprintf("SELECT key FROM %s.idem_records"
+										 " WHERE id OPERATOR(pg_catalog.=) $1",
+										 quote_identifier(plans_nspname)),
+								1, argtypes, values, NULL, true, 1);
+	if (ret == SPI_OK_SELECT && SPI_processed == 1)
+		key = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	if (SPI_tuptable != NULL)
+		SPI_freetuptable(SPI_tuptable);
+	return key;
+}
+
+/*
+ * Run a plan of a pass and return the number of rows it changed, counted
+ * in idem_stat_operations when the transaction commits.
  */
 static uint64
-execute_pass_plan(SPIPlanPtr plan, Datum *values, int expected)
+execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values)
 {
 	int			ret = SPI_execute_plan(plan, values, NULL, false, 0);
+	uint64		processed = SPI_processed;
 
-	if (ret != expected)
+	if (ret != pass_defs[pass].expected)
 		elog(ERROR, "idempotency maintenance statement failed: %s",
 			 SPI_result_code_string(ret));
-	return SPI_processed;
+	count_pass_rows(pass);
+	SPI_freetuptable(SPI_tuptable);
+	return processed;
+}
+
+/* Rows of a batch with the same role, operation and counter. */
+typedef struct PassCount
+{
+	char	   *role;
+	char	   *operation;
+	IdemStatCounter counter;
+	int64		n;
+} PassCount;
+
+#define PASS_COUNT_GROUPS 32
+
+/*
+ * Count the rows the statement just run changed (its RETURNING role,
+ * operation and, for leases, the new state), per role and operation, when
+ * the transaction commits.  A record whose role no longer exists is
+ * counted under role 0.
+ */
+static void
+count_pass_rows(IdemPass pass)
+{
+	PassCount	groups[PASS_COUNT_GROUPS];
+	int			ngroups = 0;
+	uint64		i;
+	int			g;
+
+	if (!idem_stat_enabled() || SPI_tuptable == NULL)
+		return;
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		TupleDesc	tupdesc = SPI_tuptable->tupdesc;
+		char	   *role = SPI_getvalue(tuple, tupdesc, 1);
+		char	   *operation = SPI_getvalue(tuple, tupdesc, 2);
+		IdemStatCounter counter;
+
+		if (role == NULL || operation == NULL)
+			continue;
+		if (pass == IDEM_PASS_LEASES)
+		{
+			char	   *state = SPI_getvalue(tuple, tupdesc, 3);
+
+			counter = state != NULL && strcmp(state, "retryable") == 0 ?
+				IDEM_STAT_LEASES_EXPIRED_RETRYABLE :
+				IDEM_STAT_LEASES_EXPIRED_UNKNOWN;
+		}
+		else
+			counter = pass == IDEM_PASS_PURGE ? IDEM_STAT_RECORDS_PURGED :
+				IDEM_STAT_RECORDS_DELETED;
+
+		for (g = 0; g < ngroups; g++)
+			if (groups[g].counter == counter &&
+				strcmp(groups[g].role, role) == 0 &&
+				strcmp(groups[g].operation, operation) == 0)
+				break;
+		if (g == ngroups && ngroups == PASS_COUNT_GROUPS)
+		{
+			/* too many kinds in one batch: count this row alone */
+			idem_stat_count_at_commit(get_role_oid(role, true), operation,
+									  strlen(operation), counter, 1);
+			continue;
+		}
+		if (g == ngroups)
+		{
+			groups[g].role = role;
+			groups[g].operation = operation;
+			groups[g].counter = counter;
+			groups[g].n = 0;
+			ngroups++;
+		}
+		groups[g].n++;
+	}
+	for (g = 0; g < ngroups; g++)
+		idem_stat_count_at_commit(get_role_oid(groups[g].role, true),
+								  groups[g].operation,
+								  strlen(groups[g].operation),
+								  groups[g].counter, groups[g].n);
 }
 
 /*
@@ -674,7 +803,7 @@ execute_pass_plan(SPIPlanPtr plan, Datum *values, int expected)
  * is raised again.  As PL/pgSQL's exception blocks do.
  */
 static bool
-execute_in_subtransaction(SPIPlanPtr plan, Datum *values, int expected,
+execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan, Datum *values,
 						  uint64 *processed, ErrorData **edata)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
@@ -685,7 +814,7 @@ execute_in_subtransaction(SPIPlanPtr plan, Datum *values, int expected,
 	MemoryContextSwitchTo(oldcontext);
 	PG_TRY();
 	{
-		*processed = execute_pass_plan(plan, values, expected);
+		*processed = execute_pass_plan(pass, plan, values);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;

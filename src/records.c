@@ -433,12 +433,13 @@ idem_record_mark_unknown(const IdemRecord *rec, TimestampTz now)
 }
 
 /*
- * Store the outcome of the attempt a token names.  Returns false when the
- * token is not the record's current processing attempt.
+ * Store the outcome of the attempt a token names, returning its record's
+ * operation in *operation.  Returns false when the token is not the
+ * record's current processing attempt.
  */
 bool
 idem_record_finish(const IdemToken *token, const IdemResponse *response,
-				   TimestampTz now)
+				   TimestampTz now, text **operation)
 {
 	const IdemCatalog *cat = idem_catalog();
 	IdemRecordWriter w;
@@ -473,6 +474,7 @@ idem_record_finish(const IdemToken *token, const IdemResponse *response,
 	{
 		values = idem_writer_new_row(&w, &nulls, true);
 		ttl = values[col[COL_TTL] - 1];
+		*operation = DatumGetTextPCopy(values[col[COL_OPERATION] - 1]);
 		set_column(values, nulls, col[COL_STATE],
 				   ObjectIdGetDatum(cat->state_oids[response->state]));
 		set_column(values, nulls, col[COL_RESPONSE_STATUS],

@@ -104,7 +104,8 @@ extern bool idem_record_restart(IdemRecord *rec, bool reuse,
 								const IdemAttemptStart *start);
 extern bool idem_record_mark_unknown(const IdemRecord *rec, TimestampTz now);
 extern bool idem_record_finish(const IdemToken *token,
-							   const IdemResponse *response, TimestampTz now);
+							   const IdemResponse *response, TimestampTz now,
+							   text **operation);
 extern bool idem_record_extend_lease(const IdemToken *token,
 									 TimestampTz locked_until, TimestampTz now);
 extern bool idem_record_set_recovery_point(const IdemToken *token,

@@ -41,6 +41,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/pg_class.h"
+#include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
@@ -49,6 +50,7 @@
 
 #include "catalog.h"
 #include "security.h"
+#include "sha256.h"
 
 static Oid	records_owner(void);
 
@@ -134,6 +136,59 @@ idem_clip(const char *value, int maxlen)
 		return pstrdup(value);
 	cut = pg_mbcliplen(value, len, maxlen);
 	return psprintf("%.*s...", cut, value);
+}
+
+/*
+ * How a message names an idempotency key: the first 8 hex digits of the
+ * SHA-256 of the key, as the application can log it too
+ * (left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 8) in SQL).  A key
+ * may carry personal data or be a bearer of sorts; it never goes into a
+ * message or the server log whole.
+ */
+char *
+idem_key_hash_prefix(const char *key, int len)
+{
+	static const char hex[] = "0123456789abcdef";
+	uint8		digest[IDEM_SHA256_LEN];
+	char	   *out = palloc(IDEM_KEY_HASH_PREFIX_LEN + 1);
+	int			i;
+
+	idem_sha256((const uint8 *) key, len, digest);
+	for (i = 0; i < IDEM_KEY_HASH_PREFIX_LEN / 2; i++)
+	{
+		out[2 * i] = hex[digest[i] >> 4];
+		out[2 * i + 1] = hex[digest[i] & 0x0f];
+	}
+	out[IDEM_KEY_HASH_PREFIX_LEN] = '\0';
+	return out;
+}
+
+/*
+ * A message with every occurrence of a key replaced by "<key PREFIX>", for
+ * errors raised by code that is not ours (a trigger, a constraint's cast)
+ * that may quote the row.
+ */
+char *
+idem_redact_key(const char *message, const char *key)
+{
+	StringInfoData buf;
+	const char *p = message;
+	const char *hit;
+	int			keylen = strlen(key);
+	char	   *prefix;
+
+	if (keylen == 0 || strstr(message, key) == NULL)
+		return pstrdup(message);
+	prefix = idem_key_hash_prefix(key, keylen);
+	initStringInfo(&buf);
+	while ((hit = strstr(p, key)) != NULL)
+	{
+		appendBinaryStringInfo(&buf, p, hit - p);
+		appendStringInfo(&buf, "<key %s>", prefix);
+		p = hit + keylen;
+	}
+	appendStringInfoString(&buf, p);
+	return buf.data;
 }
 
 /*

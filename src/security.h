@@ -24,4 +24,9 @@ extern void idem_restore_user(const IdemUserContext *ctx);
 extern void idem_require_writable(const char *what);
 extern char *idem_clip(const char *value, int maxlen);
 
+/* Hex digits of a key's hash prefix: how messages name a key. */
+#define IDEM_KEY_HASH_PREFIX_LEN 8
+extern char *idem_key_hash_prefix(const char *key, int len);
+extern char *idem_redact_key(const char *message, const char *key);
+
 #endif							/* IDEM_SECURITY_H */

@@ -1,6 +1,6 @@
-# Without shared_preload_libraries: no launcher, the SQL passes work, and
+# Without shared_preload_libraries: no launcher, the SQL passes work,
 # idem_launch_worker() still starts a launcher whose cycles serve the
-# current database.
+# current database, and idem_stat_operations counts nothing.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -71,6 +71,21 @@ SELECT string_agg(DISTINCT outcome, ',')
 is($out, 'proceed', 'without the preload, new keys are not rate limited');
 my @warnings = ($err =~ /WARNING:  idempotency.max_new_keys_per_second is ignored because the library is not in shared_preload_libraries/g);
 is(scalar(@warnings), 1, '... and the session is warned once');
+
+# Without the preload nothing is counted: the counters' table is sized and
+# created at server start.  The views show no rows; a reset says why.
+$node->safe_psql('postgres', "SELECT outcome FROM idem_claim('stat.op', 'k1')");
+is($node->safe_psql('postgres', 'SELECT count(*) FROM idem_stat_operations'),
+	'0', 'idem_stat_operations has no rows without the preload');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM idem_stat_operations_info'),
+	'0', 'idem_stat_operations_info neither');
+my ($stdout, $stderr);
+($ret, $stdout, $stderr) =
+  $node->psql('postgres', 'SELECT idem_stat_reset()');
+like(
+	$stderr,
+	qr/idempotency counters are not kept.*HINT:  Add idempotency to shared_preload_libraries/s,
+	'idem_stat_reset() says why');
 
 $node->stop;
 done_testing();

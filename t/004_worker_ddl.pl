@@ -142,19 +142,19 @@ ok( $node->poll_query_until(
 		'appdb', "SELECT count(*) = 0 FROM idem_records WHERE key = 'old-done'"),
 	'cleanup deletes expired records behind one it cannot delete');
 $node->wait_for_log(
-	qr/WARNING:  idempotency lease expiry skipped record $lease_id: timestamp out of range/,
+	qr/WARNING:  idempotency lease expiry skipped record $lease_id \(key hash [0-9a-f]{8}\): timestamp out of range/,
 	$offset);
 $node->wait_for_log(
-	qr/WARNING:  idempotency cleanup skipped record $delete_id: this record is kept by a test trigger/,
+	qr/WARNING:  idempotency cleanup skipped record $delete_id \(key hash [0-9a-f]{8}\): this record is kept by a test trigger/,
 	$offset);
 $node->wait_for_log(
-	qr/WARNING:  idempotency cleanup skipped record $referenced_id: update or delete on table "idem_records" violates foreign key constraint/,
+	qr/WARNING:  idempotency cleanup skipped record $referenced_id \(key hash [0-9a-f]{8}\): update or delete on table "idem_records" violates foreign key constraint/,
 	$offset);
 pass('each skipped record is logged by its id, deferred constraints included');
 like(
 	$node->safe_psql('appdb',
 		"SELECT last_error FROM idem_worker_status() WHERE database = 'appdb'"),
-	qr/^(lease expiry skipped record $lease_id: timestamp out of range|cleanup skipped record ($delete_id: this record is kept by a test trigger|$referenced_id: update or delete on table "idem_records" violates foreign key constraint .*))$/,
+	qr/^(lease expiry skipped record $lease_id \(key hash [0-9a-f]{8}\): timestamp out of range|cleanup skipped record ($delete_id \(key hash [0-9a-f]{8}\): this record is kept by a test trigger|$referenced_id \(key hash [0-9a-f]{8}\): update or delete on table "idem_records" violates foreign key constraint .*))$/,
 	'the status shows the last skipped record');
 lease_expires('good-2', 'again in the next cycles');
 # (the test's own statements are logged too: look at the other lines only)
