@@ -45,6 +45,9 @@ REGRESS += expiry
 
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
+
+# Batches and consumers: idem_inbox, idem_claim_many
+REGRESS += inbox
 ISOLATION += maintenance_skip_locked
 
 PG_CONFIG ?= pg_config

@@ -244,3 +244,25 @@ COMMENT ON TABLE idem_records_archive IS
 
 SELECT pg_catalog.pg_extension_config_dump('idem_records_archive', '');
 REVOKE ALL ON idem_records_archive FROM PUBLIC;
+
+--
+-- Batches and consumers (src/claim.c, src/key_lock.c).
+--
+-- idem_inbox: a message consumer's inbox.  Each message id is a record of
+-- the calling role with operation = consumer, inserted succeeded at once
+-- without token, lease or response, in the consumer's own transaction, so
+-- ttl, tombstones and cleanup are those of every record (docs/inbox.md).
+--
+CREATE FUNCTION idem_inbox(
+    consumer   text,
+    message_id text,
+    message    jsonb DEFAULT NULL,
+    ttl        interval DEFAULT NULL)
+    RETURNS text
+    AS 'MODULE_PATHNAME', 'idem_inbox'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idem_inbox(text, text, jsonb, interval) IS
+    'Record a consumed message id: proceed, duplicate, in_progress or mismatch';
+
+REVOKE ALL ON FUNCTION idem_inbox(text, text, jsonb, interval) FROM PUBLIC;

@@ -58,6 +58,7 @@
 
 PG_FUNCTION_INFO_V1(idem_claim);
 PG_FUNCTION_INFO_V1(idem_replay);
+PG_FUNCTION_INFO_V1(idem_inbox);
 
 /* Rounds of read-decide-write after which a claim answers in_progress. */
 #define MAX_WRITE_ROUNDS 5
@@ -95,6 +96,7 @@ typedef struct ClaimRequest
 	int64		wait_usecs;
 	IdemLeasePolicy on_lease_expiry;
 	bool		proceed_expired;	/* on_expired => 'proceed' */
+	bool		inbox;			/* idem_inbox: done at once, no token */
 } ClaimRequest;
 
 static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
@@ -105,7 +107,8 @@ static void answer_in_progress_now(const IdemScope *scope,
 								   const IdemRecord *rec,
 								   IdemAnswer *answer, TimestampTz now);
 static void answer_proceed(IdemAnswer *answer, IdemRecord *rec,
-						   const IdemAttemptStart *start, int32 attempt);
+						   const IdemAttemptStart *start, int32 attempt,
+						   bool with_token);
 static void sleep_until(TimestampTz until, int *step_ms);
 static void read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
 					   int tenant_arg, int caller_arg, IdemScope *scope);
@@ -117,6 +120,9 @@ static void empty_request_fingerprint(uint8 *digest);
 static Datum answer_datum(FunctionCallInfo fcinfo, const IdemAnswer *answer);
 static void answer_store(FunctionCallInfo fcinfo, const IdemAnswer *answer);
 static void check_decision_columns(TupleDesc tupdesc);
+static void check_inbox_decision(const ClaimRequest *req, IdemDecision d,
+								 const IdemRecord *rec);
+static const char *inbox_answer(IdemOutcome outcome);
 
 /*
  * idem_claim(operation, key, request, tenant, caller, ttl, lease, wait,
@@ -147,6 +153,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	idem_require_arg(fcinfo, 8, "on_lease_expiry");
 	req.on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(8));
 	req.proceed_expired = true;
+	req.inbox = false;
 	if (PG_NARGS() > 9)
 	{
 		idem_require_arg(fcinfo, 9, "on_expired");
@@ -155,6 +162,61 @@ idem_claim(PG_FUNCTION_ARGS)
 
 	claim_key(&req, &answer);
 	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
+}
+
+/*
+ * idem_inbox(consumer, message_id, message, ttl) returns text: whether a
+ * consumer applies a message now ('proceed'), already did ('duplicate'),
+ * another transaction is applying it right now ('in_progress'), or the id
+ * arrived before with a different message ('mismatch').
+ *
+ * An inbox record is a record of the calling role with operation =
+ * consumer, key = message_id, tenant '' and caller = the role, inserted
+ * succeeded at once, without token, lease or response, in the consumer's
+ * own transaction: an abort forgets it, a commit makes every later call
+ * a duplicate.  It goes through the claim's decision and key lock like any
+ * claim, so its expiry, tombstone and cleanup are those of every record: a
+ * message id seen again past expires_at but within the tombstone window is
+ * a duplicate still, or a mismatch for a different message (the tombstone
+ * keeps the fingerprint and the fact that it was done); past that window
+ * it is new again.  The wait is
+ * idempotency.claim_wait.
+ */
+Datum
+idem_inbox(PG_FUNCTION_ARGS)
+{
+	ClaimRequest req;
+	IdemAnswer	answer;
+
+	idem_require_arg(fcinfo, 0, "consumer");
+	idem_require_arg(fcinfo, 1, "message_id");
+	req.scope.role = idem_calling_role();
+	req.scope.operation = PG_GETARG_TEXT_PP(0);
+	req.scope.key = PG_GETARG_TEXT_PP(1);
+	req.scope.tenant = cstring_to_text("");
+	req.scope.caller = req.scope.role;
+	idem_check_name(req.scope.operation, "consumer", false);
+	idem_check_key(req.scope.key);
+	if (PG_ARGISNULL(2))
+		empty_request_fingerprint(req.fingerprint);
+	else
+		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
+	req.ttl = (PG_NARGS() < 4 || PG_ARGISNULL(3)) ?
+		seconds_interval(idem_default_ttl_s) : PG_GETARG_INTERVAL_P(3);
+	(void) idem_interval_usecs(req.ttl, "ttl", false);
+	req.lease_usecs = 0;
+	req.wait_usecs = (int64) idem_claim_wait_ms * 1000;
+	req.on_lease_expiry = IDEM_POLICY_UNKNOWN;
+	req.proceed_expired = false;
+	req.inbox = true;
+
+	claim_key(&req, &answer);
+
+	/* a tombstone keeps the fingerprint: a different message is a mismatch */
+	if (answer.outcome == IDEM_OUTCOME_EXPIRED &&
+		memcmp(answer.rec.fingerprint, req.fingerprint, IDEM_FINGERPRINT_LEN) != 0)
+		PG_RETURN_TEXT_P(cstring_to_text("mismatch"));
+	PG_RETURN_TEXT_P(cstring_to_text(inbox_answer(answer.outcome)));
 }
 
 /*
@@ -222,6 +284,8 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		found = idem_record_fetch(&req->scope, &rec);
 		d = idem_decide(found ? &rec : NULL, req->fingerprint, now,
 						req->proceed_expired);
+		if (req->inbox)
+			check_inbox_decision(req, d, &rec);
 
 		if (d.action == IDEM_ACTION_NONE)
 		{
@@ -285,9 +349,18 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		}
 
 		memcpy(start.fingerprint, req->fingerprint, IDEM_FINGERPRINT_LEN);
-		idem_token_new_secret(start.secret);
 		start.now = now;
-		start.locked_until = idem_timestamp_plus(now, req->lease_usecs, "lease");
+		start.finished = req->inbox;
+		if (req->inbox)
+		{
+			memset(start.secret, 0, IDEM_TOKEN_SECRET_LEN);
+			start.locked_until = now;
+		}
+		else
+		{
+			idem_token_new_secret(start.secret);
+			start.locked_until = idem_timestamp_plus(now, req->lease_usecs, "lease");
+		}
 		start.expires_at = idem_interval_end(now, req->ttl);
 		start.ttl = req->ttl;
 		start.on_lease_expiry = req->on_lease_expiry;
@@ -298,7 +371,7 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 				memset(&rec, 0, sizeof(rec));
 				wrote = idem_record_insert(&req->scope, &start, &rec.id);
 				if (wrote)
-					answer_proceed(answer, &rec, &start, 1);
+					answer_proceed(answer, &rec, &start, 1, !req->inbox);
 				break;
 			case IDEM_ACTION_REUSE:
 			case IDEM_ACTION_TAKEOVER:
@@ -318,7 +391,8 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 
 					wrote = idem_record_restart(&rec, reuse, &start);
 					if (wrote)
-						answer_proceed(answer, &rec, &start, attempt);
+						answer_proceed(answer, &rec, &start, attempt,
+									   !req->inbox);
 				}
 				break;
 			case IDEM_ACTION_MARK_UNKNOWN:
@@ -464,7 +538,7 @@ answer_busy(IdemAnswer *answer)
  */
 static void
 answer_proceed(IdemAnswer *answer, IdemRecord *rec,
-			   const IdemAttemptStart *start, int32 attempt)
+			   const IdemAttemptStart *start, int32 attempt, bool with_token)
 {
 	IdemToken	token;
 
@@ -475,6 +549,8 @@ answer_proceed(IdemAnswer *answer, IdemRecord *rec,
 	answer->rec.state = IDEM_PROCESSING;
 	answer->rec.attempt = attempt;
 	answer->rec.recovery_point = rec->recovery_point;
+	if (!with_token)
+		return;
 
 	token.record_id = rec->id;
 	token.attempt = attempt;
@@ -680,4 +756,55 @@ answer_store(FunctionCallInfo fcinfo, const IdemAnswer *answer)
 	check_decision_columns(rsinfo->setDesc);
 	tuplestore_puttuple(rsinfo->setResult,
 						answer_tuple(rsinfo->setDesc, answer));
+}
+
+/*
+ * Refuse an inbox call whose message id is held by a record that only
+ * idem_claim makes: a processing attempt whose lease ended, a retryable
+ * failure or an unknown outcome under the consumer's name.  Inbox records
+ * are done at once and never get there; a consumer name that an operation
+ * of idem_claim also uses does.
+ */
+static void
+check_inbox_decision(const ClaimRequest *req, IdemDecision d,
+					 const IdemRecord *rec)
+{
+	if (d.action == IDEM_ACTION_NONE || d.action == IDEM_ACTION_INSERT ||
+		d.action == IDEM_ACTION_REUSE)
+	{
+		if (d.outcome != IDEM_OUTCOME_UNKNOWN)
+			return;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("message id of consumer \"%s\" is held by an idem_claim record in state \"%s\"",
+					text_to_cstring(req->scope.operation),
+					idem_state_name(rec->state)),
+			 errdetail("idem_inbox records are done at once; this one was made by idem_claim with the same operation name."),
+			 errhint("Use a consumer name that no idem_claim operation uses.")));
+}
+
+/*
+ * What idem_inbox answers for a claim outcome.  A tombstone (expired) is a
+ * message that was done: a duplicate.
+ */
+static const char *
+inbox_answer(IdemOutcome outcome)
+{
+	switch (outcome)
+	{
+		case IDEM_OUTCOME_PROCEED:
+			return "proceed";
+		case IDEM_OUTCOME_REPLAY:
+		case IDEM_OUTCOME_EXPIRED:
+			return "duplicate";
+		case IDEM_OUTCOME_IN_PROGRESS:
+			return "in_progress";
+		case IDEM_OUTCOME_MISMATCH:
+			return "mismatch";
+		case IDEM_OUTCOME_UNKNOWN:
+			break;
+	}
+	elog(ERROR, "unexpected inbox outcome %d", (int) outcome);
+	pg_unreachable();
 }

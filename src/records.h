@@ -68,6 +68,8 @@ typedef struct IdemAttemptStart
 	TimestampTz expires_at;
 	Interval   *ttl;
 	IdemLeasePolicy on_lease_expiry;
+	bool		finished;		/* an inbox record: succeeded at once, no
+								 * token, lease or response */
 } IdemAttemptStart;
 
 /* The answer an attempt or an operator stores. */
