@@ -11,7 +11,8 @@
 #   bash scripts/test.sh                    every suite
 #   bash scripts/test.sh regress tap        only the suites named (regress,
 #                                           isolation, tap, walkthrough,
-#                                           clients, and those listed below)
+#                                           clients, consumer, and those
+#                                           listed below)
 #   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
 #       bash scripts/test.sh regress tap    only these tests of a suite
 set -euo pipefail
@@ -344,6 +345,9 @@ else
     failed_suites+=(clients)
     failed=$((failed + 1))
 fi
+
+# The RabbitMQ consumer (examples/consumer) against a private broker.
+wanted consumer && . "$IDEM_ROOT/scripts/suite_consumer.sh"
 
 # On failure, show what failed and nothing else: the diffs of the failed
 # pg_regress and isolation tests, and the logs of the failed TAP files (a
