@@ -25,10 +25,14 @@ crash after the commit and before the acknowledgement also gets them
 redelivered: the inbox answers 'duplicate' and nothing is applied twice.
 A message that is not a valid payment (no message id, not JSON, a bad amount
 or currency) is dead-lettered without touching the database. When the batch
-fails in the database for another reason (a constraint, an invalid message
-id), it is rolled back and run again one message per transaction, so that
-only the message that fails is dead-lettered; a lost connection ends the
-process, and what was not acknowledged is redelivered to the next consumer.
+fails in the database with a serialization failure or a deadlock, it is
+rolled back and requeued whole; for another reason (a constraint, an
+invalid message id), it is rolled back and run again one message per
+transaction, so that only the message that fails is dead-lettered.  A lost
+connection ends the process, and what was not acknowledged is redelivered
+to the next consumer.  A message id sent twice within one batch is
+answered 'duplicate' the second time: the batch's own transaction sees its
+inbox record.
 
 Connection settings: libpq's environment for PostgreSQL (PGHOST, PGPORT,
 PGDATABASE, PGUSER, ...), the role needs EXECUTE on idem_inbox and INSERT on
@@ -157,8 +161,18 @@ class Consumer:
         broker: ack, nack (requeue) or reject (dead-letter) each message."""
         self.batches += 1
         counts = dict.fromkeys(COUNTERS, 0)
+        notes = []
         try:
-            actions = self.apply(batch, counts, self.batches)
+            actions = self.apply(batch, counts, notes, self.batches)
+        except psycopg2.extensions.TransactionRollbackError as e:
+            # A serialization failure or a deadlock: the whole batch again,
+            # later.
+            self.db.rollback()
+            print("requeueing a batch of %d: %s" % (len(batch), e.diag.message_primary),
+                  file=sys.stderr, flush=True)
+            actions = {m.delivery_tag: "requeue" for m, p, b in batch}
+            counts = dict.fromkeys(COUNTERS, 0)
+            counts["messages"] = len(batch)
         except psycopg2.OperationalError:
             raise  # the connection is gone: end, the broker redelivers
         except psycopg2.Error as e:
@@ -175,6 +189,8 @@ class Consumer:
                 for delivery in batch:
                     self.process([delivery])
                 return
+        for note in notes:
+            print(note, file=sys.stderr, flush=True)
         if self.args.pause_after_commit == self.batches:
             self.pause("after commit", batch, actions)
         self.settle(actions)
@@ -183,8 +199,9 @@ class Consumer:
         print("batch %d: " % self.batches
               + " ".join("%s=%d" % (k, counts[k]) for k in COUNTERS), flush=True)
 
-    def apply(self, batch, counts, number):
-        """The batch's transaction.  Returns {delivery tag: action}; commits."""
+    def apply(self, batch, counts, notes, number):
+        """The batch's transaction.  Returns {delivery tag: action}, and adds
+        to notes what to log once it has committed; commits."""
         actions = {}
         with self.db.cursor() as cur:
             for method, properties, body in batch:
@@ -193,7 +210,7 @@ class Consumer:
                 counts["redelivered"] += method.redelivered
                 message_id, payment = parse(properties, body)
                 if message_id is None:
-                    print("dead-lettering a message: %s" % payment, file=sys.stderr, flush=True)
+                    notes.append("dead-lettering a message: %s" % payment)
                     actions[tag] = "reject"
                     counts["dead_lettered"] += 1
                     continue
@@ -208,8 +225,8 @@ class Consumer:
                 elif answer == "in_progress":
                     actions[tag] = "requeue"
                 elif answer == "mismatch":
-                    print("dead-lettering message %s: its id was applied before with another message"
-                          % short(message_id), file=sys.stderr, flush=True)
+                    notes.append("dead-lettering message %s: its id was applied before with another message"
+                                 % short(message_id))
                     actions[tag] = "reject"
                     counts["dead_lettered"] += 1
                 else:

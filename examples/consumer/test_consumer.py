@@ -3,7 +3,7 @@
 
 Publishes payment messages with duplicates (the same id twice in a row, and
 again at the end), a message whose id was applied with another amount
-(mismatch) and one without an id, then:
+(mismatch), one without an id and one whose id idem_inbox refuses, then:
 
   1. consumer A stops before the COMMIT of its third batch; another
      transaction's idem_inbox for a message of that batch answers
@@ -16,8 +16,8 @@ again at the end), a message whose id was applied with another amount
 
 and checks that every message's payment exists exactly once with the
 amount of its first message, that the redelivered batch came back as
-duplicates, and that the dead-letter queue holds the mismatch and the
-message without id.
+duplicates, and that the dead-letter queue holds the mismatch, the message
+without id and the one with the refused id, and nothing else.
 
 AMQP_URL names the broker, libpq's environment (PGHOST, PGPORT, PGDATABASE,
 PGUSER) the database, which must hold examples/schema.sql and
@@ -163,7 +163,12 @@ def main():
     publish(channel, mismatch_id, json.dumps({"amount": 1, "currency": "EUR"}).encode())
     publish(channel, None, b'{"amount": 5, "currency": "EUR"}',
             properties=pika.BasicProperties(content_type="application/json", delivery_mode=2))
-    published = len(sent) + 2
+    # idem_inbox refuses an id with a control character (22023): its whole
+    # batch rolls back, runs again one message per transaction, and only
+    # that message is dead-lettered.
+    refused = run + "-refused\tid"
+    publish(channel, refused, b'{"amount": 7, "currency": "EUR"}')
+    published = len(sent) + 3
     ready = channel.queue_declare(QUEUE, passive=True).method.message_count
     check("the broker holds the %d messages published (%d distinct ids)" % (published, DISTINCT),
           ready == published, ready)
@@ -283,13 +288,18 @@ def main():
         if method is None:
             break
         dead.append((properties.message_id, json.loads(raw)))
-    check("the dead-letter queue holds the mismatch and the message without id",
+    check("the dead-letter queue holds the mismatch, the message without id and the one whose id was refused",
           sorted(dead, key=lambda d: d[0] or "") ==
-          [(None, {"amount": 5, "currency": "EUR"}), (mismatch_id, {"amount": 1, "currency": "EUR"})],
+          [(None, {"amount": 5, "currency": "EUR"}), (mismatch_id, {"amount": 1, "currency": "EUR"}),
+           (refused, {"amount": 7, "currency": "EUR"})],
           dead)
     connection.close()
     db.close()
 
+    if failed:
+        for p in consumers:
+            print("===== consumer %s's output" % p.name)
+            print("\n".join(p.lines))
     print("%d passed, %d failed" % (passed, failed), flush=True)
     return 1 if failed else 0
 
