@@ -9,14 +9,19 @@
  * no write (replay, mismatch, in_progress, unknown, expired) are read-only:
  * no row lock, no WAL, no key lock.
  *
- * Before writing, a claim takes the key lock (key_lock.c) without waiting.
- * If another transaction holds it, that transaction is writing the same key
- * and has not committed, and the claim answers in_progress at once (or, with
- * wait > 0, waits for the lock up to its deadline and then reads again).
- * Writes are conditional on the version that was read and skip rows locked
- * by others, so a write that finds the record changed writes nothing and the
- * claim reads again.  The loop ends in a bounded number of rounds: with the
- * key lock held, only attempts completing or the worker can change the
+ * A claim that inserts a new record holds the key lock (key_lock.c) only
+ * until its row is in the unique index; a claim that updates an existing
+ * record (takeover, new attempt, reuse) takes a row lock that skips rows
+ * locked by others.  No lock-table entry per key is kept until commit, so
+ * a transaction may claim any number of keys.  A claim that finds the key
+ * being written by another transaction that has not committed (the key
+ * lock taken, the new row in the unique index under a dirty snapshot, or
+ * the version read updated or locked) answers in_progress at once, or,
+ * with wait > 0, waits for that transaction to end (key_lock.c) up to its
+ * deadline and then reads again.  Writes are conditional on the version
+ * that was read, so a write that finds the record changed writes nothing
+ * and the claim reads again.  The loop ends in a bounded number of rounds:
+ * only attempts completing, other claims or the worker can change the
  * record, and each of those changes moves it towards a final answer.
  *
  * A claim that waits for an attempt that committed its claim and is still
@@ -256,12 +261,18 @@ idem_replay(PG_FUNCTION_ARGS)
 /*
  * Claim a scope and key: read, decide, write what the decision needs, and
  * fill in the answer.
+ *
+ * A new record is inserted under the key lock, held only until the row is
+ * in the unique index; an existing record is updated with a row lock that
+ * skips rows locked by others.  Either write reports, when it finds the key
+ * being written by another transaction that has not ended, that
+ * transaction: the claim answers in_progress at once, or with time left to
+ * wait, waits for that transaction to end and reads again.
  */
 static void
 claim_key(const ClaimRequest *req, IdemAnswer *answer)
 {
 	LOCKTAG		lock;
-	bool		have_lock = false;
 	bool		wrote = false;
 	int			rounds = 0;
 	int			step_ms = WAIT_STEP_MIN_MS;
@@ -279,6 +290,7 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		bool		found;
 		IdemDecision d;
 		IdemAttemptStart start;
+		TransactionId writer = InvalidTransactionId;
 
 		CHECK_FOR_INTERRUPTS();
 		found = idem_record_fetch(&req->scope, &rec);
@@ -320,27 +332,6 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			idem_require_writable("claim an idempotency key");
 		}
 
-		/* Own the key first. */
-		if (!have_lock)
-		{
-			idem_key_lock_tag(&lock, &req->scope);
-			if (idem_key_lock_try(&lock))
-				have_lock = true;
-			else if (now < deadline &&
-					 idem_key_lock_wait(&lock,
-										(int) Min(Max(1, (deadline - now) / 1000),
-												  PG_INT32_MAX)))
-			{
-				/* the other writer ended: read what it left */
-				continue;
-			}
-			else
-			{
-				answer_busy(answer);
-				break;
-			}
-		}
-
 		if (++rounds > MAX_WRITE_ROUNDS && now >= deadline)
 		{
 			/* the row keeps being written by others: let the client retry */
@@ -368,8 +359,28 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		switch (d.action)
 		{
 			case IDEM_ACTION_INSERT:
+
+				/*
+				 * Own the key until the row is in the unique index.  The
+				 * lock is held for microseconds: whoever holds it now is
+				 * inserting the same key, and has not committed.
+				 */
+				idem_key_lock_tag(&lock, &req->scope);
+				if (!idem_key_lock_try(&lock))
+				{
+					if (now < deadline &&
+						idem_key_lock_wait(&lock,
+										   (int) Min(Max(1, (deadline - now) / 1000),
+													 PG_INT32_MAX)))
+						continue;	/* read what the other insert left */
+					answer_busy(answer);
+					goto done;
+				}
 				memset(&rec, 0, sizeof(rec));
-				wrote = idem_record_insert(&req->scope, &start, &rec.id);
+				/* an error on the way gives the lock back with the abort */
+				wrote = idem_record_insert(&req->scope, &start, &rec.id,
+										   &writer);
+				idem_key_lock_release(&lock);
 				if (wrote)
 					answer_proceed(answer, &rec, &start, 1, !req->inbox);
 				break;
@@ -411,27 +422,36 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 
 		/*
 		 * The record changed since it was read, or another transaction is
-		 * writing it (a completion racing this takeover, say).  With time
-		 * left to wait, wait for that transaction to end, or, when it cannot
-		 * be named, a short step, and read again.
+		 * writing it: inserting the same key, or updating, locking or
+		 * deleting the version that was read (a completion racing this
+		 * takeover, the worker, say).  A transaction that is still running
+		 * is what the claim answers in_progress for, at once, or waits for
+		 * with time left; one that ended left a record to read again.
 		 */
+		if (!TransactionIdIsValid(writer) && found)
+			writer = rec.writer_xid;
+		if (TransactionIdIsValid(writer) && !TransactionIdIsInProgress(writer))
+			writer = InvalidTransactionId;
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
+		{
+			if (TransactionIdIsValid(writer))
+			{
+				answer_busy(answer);
+				break;
+			}
 			continue;
-		if (found && TransactionIdIsValid(rec.writer_xid) &&
-			TransactionIdIsInProgress(rec.writer_xid))
-			(void) idem_xact_wait(rec.writer_xid,
+		}
+		if (TransactionIdIsValid(writer))
+			(void) idem_xact_wait(writer,
 								  (int) Min(Max(1, (deadline - now) / 1000),
 											PG_INT32_MAX));
 		else
 			sleep_until(deadline, &step_ms);
 	}
 
+done:
 	idem_restore_user(&user);
-
-	/* A claim that ended up writing nothing keeps nobody else waiting. */
-	if (have_lock && !wrote)
-		idem_key_lock_release(&lock);
 }
 
 /*
