@@ -48,7 +48,7 @@ REGRESS += upgrade exact_replay
 
 # Batches and consumers: idem_inbox, idem_claim_many, no lock per key
 # (claim_prepared needs max_prepared_transactions > 0)
-REGRESS += inbox
+REGRESS += inbox claim_many
 ISOLATION += claim_many_keys claim_prepared
 ISOLATION += maintenance_skip_locked
 

@@ -43,11 +43,13 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "storage/procarray.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
@@ -64,6 +66,7 @@
 PG_FUNCTION_INFO_V1(idem_claim);
 PG_FUNCTION_INFO_V1(idem_replay);
 PG_FUNCTION_INFO_V1(idem_inbox);
+PG_FUNCTION_INFO_V1(idem_claim_many);
 
 /* Rounds of read-decide-write after which a claim answers in_progress. */
 #define MAX_WRITE_ROUNDS 5
@@ -119,6 +122,14 @@ static void read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
 					   int tenant_arg, int caller_arg, IdemScope *scope);
 static Interval *seconds_interval(int seconds);
 static HeapTuple answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer);
+static void answer_values(const IdemAnswer *answer, Datum *values, bool *nulls);
+static void claim_options(FunctionCallInfo fcinfo, int first_arg,
+						  ClaimRequest *req);
+static Datum *item_array(FunctionCallInfo fcinfo, int argno, const char *name,
+						 Oid elemtype, int *nitems);
+static bool *repeated_keys(Datum *keys, int nkeys);
+static int	key_cmp(Datum a, Datum b);
+static int	compare_keys(const void *a, const void *b, void *arg);
 static int64 interval_arg(FunctionCallInfo fcinfo, int argno, const char *name,
 						  int64 setting_usecs, bool allow_zero);
 static void empty_request_fingerprint(uint8 *digest);
@@ -148,25 +159,233 @@ idem_claim(PG_FUNCTION_ARGS)
 		empty_request_fingerprint(req.fingerprint);
 	else
 		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
-	req.ttl = PG_ARGISNULL(5) ? seconds_interval(idem_default_ttl_s) :
-		PG_GETARG_INTERVAL_P(5);
-	(void) idem_interval_usecs(req.ttl, "ttl", false);
-	req.lease_usecs = interval_arg(fcinfo, 6, "lease",
-								   (int64) idem_default_lease_ms * 1000, false);
-	req.wait_usecs = interval_arg(fcinfo, 7, "wait",
-								  (int64) idem_claim_wait_ms * 1000, true);
-	idem_require_arg(fcinfo, 8, "on_lease_expiry");
-	req.on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(8));
-	req.proceed_expired = true;
-	req.inbox = false;
-	if (PG_NARGS() > 9)
-	{
-		idem_require_arg(fcinfo, 9, "on_expired");
-		req.proceed_expired = idem_parse_on_expired(PG_GETARG_TEXT_PP(9));
-	}
+	claim_options(fcinfo, 5, &req);
 
 	claim_key(&req, &answer);
 	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
+}
+
+/*
+ * Read the arguments a claim takes after its scope: ttl, lease, wait,
+ * on_lease_expiry and (version 1.1) on_expired, from first_arg on.
+ */
+static void
+claim_options(FunctionCallInfo fcinfo, int first_arg, ClaimRequest *req)
+{
+	req->ttl = PG_ARGISNULL(first_arg) ? seconds_interval(idem_default_ttl_s) :
+		PG_GETARG_INTERVAL_P(first_arg);
+	(void) idem_interval_usecs(req->ttl, "ttl", false);
+	req->lease_usecs = interval_arg(fcinfo, first_arg + 1, "lease",
+									(int64) idem_default_lease_ms * 1000, false);
+	req->wait_usecs = interval_arg(fcinfo, first_arg + 2, "wait",
+								   (int64) idem_claim_wait_ms * 1000, true);
+	idem_require_arg(fcinfo, first_arg + 3, "on_lease_expiry");
+	req->on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(first_arg + 3));
+	req->proceed_expired = true;
+	req->inbox = false;
+	if (PG_NARGS() > first_arg + 4)
+	{
+		idem_require_arg(fcinfo, first_arg + 4, "on_expired");
+		req->proceed_expired = idem_parse_on_expired(PG_GETARG_TEXT_PP(first_arg + 4));
+	}
+}
+
+/*
+ * idem_claim_many(operation, keys, requests, tenant, caller, ttl, lease,
+ *				   wait, on_lease_expiry, on_expired)
+ *	  returns setof (key, idem_decision's columns)
+ *
+ * One claim per element of keys (with the request at the same position of
+ * requests, or none when requests is NULL), answered in input order, each
+ * exactly as idem_claim would answer it, in the caller's transaction.  The
+ * arrays are checked whole before anything is claimed: of different
+ * lengths, multidimensional, holding a NULL or an invalid key, they are
+ * refused (22023, 22004 ...) and nothing is written.
+ *
+ * wait bounds the whole call, not each item: an item claimed after the
+ * wait ran out answers in_progress at once if it must.  A key repeated
+ * within the call is claimed again at each later position without
+ * waiting: it reads what its first position left in this transaction, so
+ * it answers in_progress when the first proceeded (its record is
+ * processing, by this very call), mismatch when the requests differ, and
+ * otherwise the first position's answer.
+ */
+Datum
+idem_claim_many(PG_FUNCTION_ARGS)
+{
+	ClaimRequest req;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum	   *keys;
+	Datum	   *requests = NULL;
+	bool	   *repeated;
+	uint8	   *fingerprints;
+	int			nkeys;
+	int			i;
+	TimestampTz deadline;
+	MemoryContext item_context;
+	MemoryContext oldcontext;
+
+	idem_require_arg(fcinfo, 0, "operation");
+	idem_require_arg(fcinfo, 3, "tenant");
+	idem_require_arg(fcinfo, 4, "caller");
+	req.scope.role = idem_calling_role();
+	req.scope.operation = PG_GETARG_TEXT_PP(0);
+	req.scope.tenant = PG_GETARG_TEXT_PP(3);
+	req.scope.caller = PG_GETARG_TEXT_PP(4);
+	idem_check_name(req.scope.operation, "operation", false);
+	idem_check_name(req.scope.tenant, "tenant", true);
+	idem_check_name(req.scope.caller, "caller", false);
+
+	keys = item_array(fcinfo, 1, "keys", TEXTOID, &nkeys);
+	if (!PG_ARGISNULL(2))
+	{
+		int			nrequests;
+
+		requests = item_array(fcinfo, 2, "requests", JSONBOID, &nrequests);
+		if (nrequests != nkeys)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("keys and requests must have the same number of elements"),
+					 errdetail("keys has %d elements, requests has %d.",
+							   nkeys, nrequests)));
+	}
+	claim_options(fcinfo, 5, &req);
+
+	/* every key and request checked before the first claim writes */
+	fingerprints = palloc(Max(nkeys, 1) * IDEM_FINGERPRINT_LEN);
+	for (i = 0; i < nkeys; i++)
+	{
+		idem_check_key(DatumGetTextPP(keys[i]));
+		if (requests)
+			idem_fingerprint_jsonb(DatumGetJsonbP(requests[i]),
+								   fingerprints + i * IDEM_FINGERPRINT_LEN);
+		else
+			empty_request_fingerprint(fingerprints + i * IDEM_FINGERPRINT_LEN);
+	}
+	repeated = repeated_keys(keys, nkeys);
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (rsinfo->setDesc->natts != DECISION_COLUMNS + 1)
+		elog(ERROR, "idem_claim_many returns %d columns, expected %d",
+			 rsinfo->setDesc->natts, DECISION_COLUMNS + 1);
+
+	deadline = idem_timestamp_plus(GetCurrentTimestamp(), req.wait_usecs, "wait");
+	item_context = AllocSetContextCreate(CurrentMemoryContext,
+										 "idem_claim_many item",
+										 ALLOCSET_DEFAULT_SIZES);
+	for (i = 0; i < nkeys; i++)
+	{
+		IdemAnswer	answer;
+		Datum		values[DECISION_COLUMNS + 1];
+		bool		nulls[DECISION_COLUMNS + 1];
+
+		CHECK_FOR_INTERRUPTS();
+		oldcontext = MemoryContextSwitchTo(item_context);
+		req.scope.key = DatumGetTextPP(keys[i]);
+		memcpy(req.fingerprint, fingerprints + i * IDEM_FINGERPRINT_LEN,
+			   IDEM_FINGERPRINT_LEN);
+		req.wait_usecs = repeated[i] ? 0 :
+			Max(0, deadline - GetCurrentTimestamp());
+		claim_key(&req, &answer);
+
+		values[0] = PointerGetDatum(req.scope.key);
+		nulls[0] = false;
+		answer_values(&answer, values + 1, nulls + 1);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		MemoryContextSwitchTo(oldcontext);
+		MemoryContextReset(item_context);
+	}
+	MemoryContextDelete(item_context);
+	return (Datum) 0;
+}
+
+/*
+ * The elements of a one-dimensional array argument without NULLs: the items
+ * of idem_claim_many.  A NULL array is refused like a NULL key.
+ */
+static Datum *
+item_array(FunctionCallInfo fcinfo, int argno, const char *name,
+		   Oid elemtype, int *nitems)
+{
+	ArrayType  *array;
+	Datum	   *elems;
+	bool	   *nulls;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			i;
+
+	idem_require_arg(fcinfo, argno, name);
+	array = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", name),
+				 errdetail("The array given has %d dimensions.", ARR_NDIM(array))));
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	deconstruct_array(array, elemtype, typlen, typbyval, typalign,
+					  &elems, &nulls, nitems);
+	for (i = 0; i < *nitems; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s must not contain NULL", name),
+					 errdetail("Element %d is NULL.", i + 1)));
+	return elems;
+}
+
+/*
+ * For each position of keys, whether the same key came at an earlier
+ * position: the positions sorted by key, then by position.
+ */
+static bool *
+repeated_keys(Datum *keys, int nkeys)
+{
+	bool	   *repeated = palloc0(Max(nkeys, 1) * sizeof(bool));
+	int		   *order = palloc(Max(nkeys, 1) * sizeof(int));
+	int			i;
+
+	for (i = 0; i < nkeys; i++)
+		order[i] = i;
+	qsort_arg(order, nkeys, sizeof(int), compare_keys, keys);
+	for (i = 1; i < nkeys; i++)
+		if (key_cmp(keys[order[i - 1]], keys[order[i]]) == 0)
+			repeated[order[i]] = true;
+	pfree(order);
+	return repeated;
+}
+
+/*
+ * Byte order of two keys (any order does, as long as equal keys meet).
+ */
+static int
+key_cmp(Datum a, Datum b)
+{
+	text	   *ta = DatumGetTextPP(a);
+	text	   *tb = DatumGetTextPP(b);
+	int			la = VARSIZE_ANY_EXHDR(ta);
+	int			lb = VARSIZE_ANY_EXHDR(tb);
+	int			c = memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), Min(la, lb));
+
+	if (c != 0)
+		return c;
+	return (la > lb) - (la < lb);
+}
+
+/*
+ * qsort_arg comparator of positions in keys: by key, then by position.
+ */
+static int
+compare_keys(const void *a, const void *b, void *arg)
+{
+	Datum	   *keys = (Datum *) arg;
+	int			ia = *(const int *) a;
+	int			ib = *(const int *) b;
+	int			c = key_cmp(keys[ia], keys[ib]);
+
+	if (c != 0)
+		return c;
+	return (ia > ib) - (ia < ib);
 }
 
 /*
@@ -662,12 +881,23 @@ empty_request_fingerprint(uint8 *digest)
 static HeapTuple
 answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 {
-	const IdemCatalog *cat = idem_catalog();
 	Datum		values[DECISION_COLUMNS];
 	bool		nulls[DECISION_COLUMNS];
+
+	answer_values(answer, values, nulls);
+	return heap_form_tuple(tupdesc, values, nulls);
+}
+
+/*
+ * The answer as the DECISION_COLUMNS values of an idem_decision row.
+ */
+static void
+answer_values(const IdemAnswer *answer, Datum *values, bool *nulls)
+{
+	const IdemCatalog *cat = idem_catalog();
 	const IdemRecord *rec = &answer->rec;
 
-	memset(nulls, true, sizeof(nulls));
+	memset(nulls, true, DECISION_COLUMNS * sizeof(bool));
 	values[0] = CStringGetTextDatum(idem_outcome_name(answer->outcome));
 	nulls[0] = false;
 	if (answer->token)
@@ -725,7 +955,6 @@ answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 		values[10] = Int32GetDatum(answer->retry_after);
 		nulls[10] = false;
 	}
-	return heap_form_tuple(tupdesc, values, nulls);
 }
 
 /*
