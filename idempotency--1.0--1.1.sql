@@ -266,3 +266,46 @@ COMMENT ON FUNCTION idem_inbox(text, text, jsonb, interval) IS
     'Record a consumed message id: proceed, duplicate, in_progress or mismatch';
 
 REVOKE ALL ON FUNCTION idem_inbox(text, text, jsonb, interval) FROM PUBLIC;
+
+--
+-- idem_claim_many: one claim per key, answered in input order with its key
+-- and idem_decision's columns, in the caller's transaction.  wait bounds
+-- the whole call; a key repeated within the call is claimed again without
+-- waiting (in_progress when its first position proceeded).  See
+-- docs/api.md.
+--
+CREATE FUNCTION idem_claim_many(
+    operation       text,
+    keys            text[],
+    requests        jsonb[] DEFAULT NULL,
+    tenant          text DEFAULT '',
+    caller          text DEFAULT current_user,
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    wait            interval DEFAULT NULL,
+    on_lease_expiry text DEFAULT 'unknown',
+    on_expired      text DEFAULT 'reject')
+    RETURNS TABLE (
+        key            text,
+        outcome        text,
+        token          text,
+        record_id      bigint,
+        state          idem_state,
+        attempt        integer,
+        recovery_point text,
+        http_status    integer,
+        headers        jsonb,
+        body           jsonb,
+        error_code     text,
+        retry_after    integer,
+        resource_id    text,
+        raw_body       bytea)
+    AS 'MODULE_PATHNAME', 'idem_claim_many'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+
+COMMENT ON FUNCTION idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text) IS
+    'Claim many idempotency keys at once: one decision per key, in input order';
+
+REVOKE ALL ON FUNCTION
+    idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text)
+    FROM PUBLIC;

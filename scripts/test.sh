@@ -34,7 +34,8 @@ build_and_install
 make_workdir
 # The worker serves "postgres" only, so that it never touches the records
 # the regression tests inspect; the TAP tests start clusters of their own.
-start_cluster "idempotency.database = 'postgres'"
+# specs/claim_prepared.spec prepares transactions.
+start_cluster "idempotency.database = 'postgres'" "max_prepared_transactions = 4"
 
 cd "$IDEM_TMP/src"
 failed_suites=()

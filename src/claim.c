@@ -9,14 +9,19 @@
  * no write (replay, mismatch, in_progress, unknown, expired) are read-only:
  * no row lock, no WAL, no key lock.
  *
- * Before writing, a claim takes the key lock (key_lock.c) without waiting.
- * If another transaction holds it, that transaction is writing the same key
- * and has not committed, and the claim answers in_progress at once (or, with
- * wait > 0, waits for the lock up to its deadline and then reads again).
- * Writes are conditional on the version that was read and skip rows locked
- * by others, so a write that finds the record changed writes nothing and the
- * claim reads again.  The loop ends in a bounded number of rounds: with the
- * key lock held, only attempts completing or the worker can change the
+ * A claim that inserts a new record holds the key lock (key_lock.c) only
+ * until its row is in the unique index; a claim that updates an existing
+ * record (takeover, new attempt, reuse) takes a row lock that skips rows
+ * locked by others.  No lock-table entry per key is kept until commit, so
+ * a transaction may claim any number of keys.  A claim that finds the key
+ * being written by another transaction that has not committed (the key
+ * lock taken, the new row in the unique index under a dirty snapshot, or
+ * the version read updated or locked) answers in_progress at once, or,
+ * with wait > 0, waits for that transaction to end (key_lock.c) up to its
+ * deadline and then reads again.  Writes are conditional on the version
+ * that was read, so a write that finds the record changed writes nothing
+ * and the claim reads again.  The loop ends in a bounded number of rounds:
+ * only attempts completing, other claims or the worker can change the
  * record, and each of those changes moves it towards a final answer.
  *
  * A claim that waits for an attempt that committed its claim and is still
@@ -38,11 +43,13 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "storage/procarray.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
@@ -59,6 +66,7 @@
 PG_FUNCTION_INFO_V1(idem_claim);
 PG_FUNCTION_INFO_V1(idem_replay);
 PG_FUNCTION_INFO_V1(idem_inbox);
+PG_FUNCTION_INFO_V1(idem_claim_many);
 
 /* Rounds of read-decide-write after which a claim answers in_progress. */
 #define MAX_WRITE_ROUNDS 5
@@ -114,6 +122,14 @@ static void read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
 					   int tenant_arg, int caller_arg, IdemScope *scope);
 static Interval *seconds_interval(int seconds);
 static HeapTuple answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer);
+static void answer_values(const IdemAnswer *answer, Datum *values, bool *nulls);
+static void claim_options(FunctionCallInfo fcinfo, int first_arg,
+						  ClaimRequest *req);
+static Datum *item_array(FunctionCallInfo fcinfo, int argno, const char *name,
+						 Oid elemtype, int *nitems);
+static bool *repeated_keys(Datum *keys, int nkeys);
+static int	key_cmp(Datum a, Datum b);
+static int	compare_keys(const void *a, const void *b, void *arg);
 static int64 interval_arg(FunctionCallInfo fcinfo, int argno, const char *name,
 						  int64 setting_usecs, bool allow_zero);
 static void empty_request_fingerprint(uint8 *digest);
@@ -143,25 +159,233 @@ idem_claim(PG_FUNCTION_ARGS)
 		empty_request_fingerprint(req.fingerprint);
 	else
 		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
-	req.ttl = PG_ARGISNULL(5) ? seconds_interval(idem_default_ttl_s) :
-		PG_GETARG_INTERVAL_P(5);
-	(void) idem_interval_usecs(req.ttl, "ttl", false);
-	req.lease_usecs = interval_arg(fcinfo, 6, "lease",
-								   (int64) idem_default_lease_ms * 1000, false);
-	req.wait_usecs = interval_arg(fcinfo, 7, "wait",
-								  (int64) idem_claim_wait_ms * 1000, true);
-	idem_require_arg(fcinfo, 8, "on_lease_expiry");
-	req.on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(8));
-	req.proceed_expired = true;
-	req.inbox = false;
-	if (PG_NARGS() > 9)
-	{
-		idem_require_arg(fcinfo, 9, "on_expired");
-		req.proceed_expired = idem_parse_on_expired(PG_GETARG_TEXT_PP(9));
-	}
+	claim_options(fcinfo, 5, &req);
 
 	claim_key(&req, &answer);
 	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
+}
+
+/*
+ * Read the arguments a claim takes after its scope: ttl, lease, wait,
+ * on_lease_expiry and (version 1.1) on_expired, from first_arg on.
+ */
+static void
+claim_options(FunctionCallInfo fcinfo, int first_arg, ClaimRequest *req)
+{
+	req->ttl = PG_ARGISNULL(first_arg) ? seconds_interval(idem_default_ttl_s) :
+		PG_GETARG_INTERVAL_P(first_arg);
+	(void) idem_interval_usecs(req->ttl, "ttl", false);
+	req->lease_usecs = interval_arg(fcinfo, first_arg + 1, "lease",
+									(int64) idem_default_lease_ms * 1000, false);
+	req->wait_usecs = interval_arg(fcinfo, first_arg + 2, "wait",
+								   (int64) idem_claim_wait_ms * 1000, true);
+	idem_require_arg(fcinfo, first_arg + 3, "on_lease_expiry");
+	req->on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(first_arg + 3));
+	req->proceed_expired = true;
+	req->inbox = false;
+	if (PG_NARGS() > first_arg + 4)
+	{
+		idem_require_arg(fcinfo, first_arg + 4, "on_expired");
+		req->proceed_expired = idem_parse_on_expired(PG_GETARG_TEXT_PP(first_arg + 4));
+	}
+}
+
+/*
+ * idem_claim_many(operation, keys, requests, tenant, caller, ttl, lease,
+ *				   wait, on_lease_expiry, on_expired)
+ *	  returns setof (key, idem_decision's columns)
+ *
+ * One claim per element of keys (with the request at the same position of
+ * requests, or none when requests is NULL), answered in input order, each
+ * exactly as idem_claim would answer it, in the caller's transaction.  The
+ * arrays are checked whole before anything is claimed: of different
+ * lengths, multidimensional, holding a NULL or an invalid key, they are
+ * refused (22023, 22004 ...) and nothing is written.
+ *
+ * wait bounds the whole call, not each item: an item claimed after the
+ * wait ran out answers in_progress at once if it must.  A key repeated
+ * within the call is claimed again at each later position without
+ * waiting: it reads what its first position left in this transaction, so
+ * it answers in_progress when the first proceeded (its record is
+ * processing, by this very call), mismatch when the requests differ, and
+ * otherwise the first position's answer.
+ */
+Datum
+idem_claim_many(PG_FUNCTION_ARGS)
+{
+	ClaimRequest req;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum	   *keys;
+	Datum	   *requests = NULL;
+	bool	   *repeated;
+	uint8	   *fingerprints;
+	int			nkeys;
+	int			i;
+	TimestampTz deadline;
+	MemoryContext item_context;
+	MemoryContext oldcontext;
+
+	idem_require_arg(fcinfo, 0, "operation");
+	idem_require_arg(fcinfo, 3, "tenant");
+	idem_require_arg(fcinfo, 4, "caller");
+	req.scope.role = idem_calling_role();
+	req.scope.operation = PG_GETARG_TEXT_PP(0);
+	req.scope.tenant = PG_GETARG_TEXT_PP(3);
+	req.scope.caller = PG_GETARG_TEXT_PP(4);
+	idem_check_name(req.scope.operation, "operation", false);
+	idem_check_name(req.scope.tenant, "tenant", true);
+	idem_check_name(req.scope.caller, "caller", false);
+
+	keys = item_array(fcinfo, 1, "keys", TEXTOID, &nkeys);
+	if (!PG_ARGISNULL(2))
+	{
+		int			nrequests;
+
+		requests = item_array(fcinfo, 2, "requests", JSONBOID, &nrequests);
+		if (nrequests != nkeys)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("keys and requests must have the same number of elements"),
+					 errdetail("keys has %d elements, requests has %d.",
+							   nkeys, nrequests)));
+	}
+	claim_options(fcinfo, 5, &req);
+
+	/* every key and request checked before the first claim writes */
+	fingerprints = palloc(Max(nkeys, 1) * IDEM_FINGERPRINT_LEN);
+	for (i = 0; i < nkeys; i++)
+	{
+		idem_check_key(DatumGetTextPP(keys[i]));
+		if (requests)
+			idem_fingerprint_jsonb(DatumGetJsonbP(requests[i]),
+								   fingerprints + i * IDEM_FINGERPRINT_LEN);
+		else
+			empty_request_fingerprint(fingerprints + i * IDEM_FINGERPRINT_LEN);
+	}
+	repeated = repeated_keys(keys, nkeys);
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (rsinfo->setDesc->natts != DECISION_COLUMNS + 1)
+		elog(ERROR, "idem_claim_many returns %d columns, expected %d",
+			 rsinfo->setDesc->natts, DECISION_COLUMNS + 1);
+
+	deadline = idem_timestamp_plus(GetCurrentTimestamp(), req.wait_usecs, "wait");
+	item_context = AllocSetContextCreate(CurrentMemoryContext,
+										 "idem_claim_many item",
+										 ALLOCSET_DEFAULT_SIZES);
+	for (i = 0; i < nkeys; i++)
+	{
+		IdemAnswer	answer;
+		Datum		values[DECISION_COLUMNS + 1];
+		bool		nulls[DECISION_COLUMNS + 1];
+
+		CHECK_FOR_INTERRUPTS();
+		oldcontext = MemoryContextSwitchTo(item_context);
+		req.scope.key = DatumGetTextPP(keys[i]);
+		memcpy(req.fingerprint, fingerprints + i * IDEM_FINGERPRINT_LEN,
+			   IDEM_FINGERPRINT_LEN);
+		req.wait_usecs = repeated[i] ? 0 :
+			Max(0, deadline - GetCurrentTimestamp());
+		claim_key(&req, &answer);
+
+		values[0] = PointerGetDatum(req.scope.key);
+		nulls[0] = false;
+		answer_values(&answer, values + 1, nulls + 1);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		MemoryContextSwitchTo(oldcontext);
+		MemoryContextReset(item_context);
+	}
+	MemoryContextDelete(item_context);
+	return (Datum) 0;
+}
+
+/*
+ * The elements of a one-dimensional array argument without NULLs: the items
+ * of idem_claim_many.  A NULL array is refused like a NULL key.
+ */
+static Datum *
+item_array(FunctionCallInfo fcinfo, int argno, const char *name,
+		   Oid elemtype, int *nitems)
+{
+	ArrayType  *array;
+	Datum	   *elems;
+	bool	   *nulls;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			i;
+
+	idem_require_arg(fcinfo, argno, name);
+	array = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", name),
+				 errdetail("The array given has %d dimensions.", ARR_NDIM(array))));
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	deconstruct_array(array, elemtype, typlen, typbyval, typalign,
+					  &elems, &nulls, nitems);
+	for (i = 0; i < *nitems; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s must not contain NULL", name),
+					 errdetail("Element %d is NULL.", i + 1)));
+	return elems;
+}
+
+/*
+ * For each position of keys, whether the same key came at an earlier
+ * position: the positions sorted by key, then by position.
+ */
+static bool *
+repeated_keys(Datum *keys, int nkeys)
+{
+	bool	   *repeated = palloc0(Max(nkeys, 1) * sizeof(bool));
+	int		   *order = palloc(Max(nkeys, 1) * sizeof(int));
+	int			i;
+
+	for (i = 0; i < nkeys; i++)
+		order[i] = i;
+	qsort_arg(order, nkeys, sizeof(int), compare_keys, keys);
+	for (i = 1; i < nkeys; i++)
+		if (key_cmp(keys[order[i - 1]], keys[order[i]]) == 0)
+			repeated[order[i]] = true;
+	pfree(order);
+	return repeated;
+}
+
+/*
+ * Byte order of two keys (any order does, as long as equal keys meet).
+ */
+static int
+key_cmp(Datum a, Datum b)
+{
+	text	   *ta = DatumGetTextPP(a);
+	text	   *tb = DatumGetTextPP(b);
+	int			la = VARSIZE_ANY_EXHDR(ta);
+	int			lb = VARSIZE_ANY_EXHDR(tb);
+	int			c = memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), Min(la, lb));
+
+	if (c != 0)
+		return c;
+	return (la > lb) - (la < lb);
+}
+
+/*
+ * qsort_arg comparator of positions in keys: by key, then by position.
+ */
+static int
+compare_keys(const void *a, const void *b, void *arg)
+{
+	Datum	   *keys = (Datum *) arg;
+	int			ia = *(const int *) a;
+	int			ib = *(const int *) b;
+	int			c = key_cmp(keys[ia], keys[ib]);
+
+	if (c != 0)
+		return c;
+	return (ia > ib) - (ia < ib);
 }
 
 /*
@@ -256,12 +480,18 @@ idem_replay(PG_FUNCTION_ARGS)
 /*
  * Claim a scope and key: read, decide, write what the decision needs, and
  * fill in the answer.
+ *
+ * A new record is inserted under the key lock, held only until the row is
+ * in the unique index; an existing record is updated with a row lock that
+ * skips rows locked by others.  Either write reports, when it finds the key
+ * being written by another transaction that has not ended, that
+ * transaction: the claim answers in_progress at once, or with time left to
+ * wait, waits for that transaction to end and reads again.
  */
 static void
 claim_key(const ClaimRequest *req, IdemAnswer *answer)
 {
 	LOCKTAG		lock;
-	bool		have_lock = false;
 	bool		wrote = false;
 	int			rounds = 0;
 	int			step_ms = WAIT_STEP_MIN_MS;
@@ -279,6 +509,7 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		bool		found;
 		IdemDecision d;
 		IdemAttemptStart start;
+		TransactionId writer = InvalidTransactionId;
 
 		CHECK_FOR_INTERRUPTS();
 		found = idem_record_fetch(&req->scope, &rec);
@@ -320,27 +551,6 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			idem_require_writable("claim an idempotency key");
 		}
 
-		/* Own the key first. */
-		if (!have_lock)
-		{
-			idem_key_lock_tag(&lock, &req->scope);
-			if (idem_key_lock_try(&lock))
-				have_lock = true;
-			else if (now < deadline &&
-					 idem_key_lock_wait(&lock,
-										(int) Min(Max(1, (deadline - now) / 1000),
-												  PG_INT32_MAX)))
-			{
-				/* the other writer ended: read what it left */
-				continue;
-			}
-			else
-			{
-				answer_busy(answer);
-				break;
-			}
-		}
-
 		if (++rounds > MAX_WRITE_ROUNDS && now >= deadline)
 		{
 			/* the row keeps being written by others: let the client retry */
@@ -368,8 +578,28 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		switch (d.action)
 		{
 			case IDEM_ACTION_INSERT:
+
+				/*
+				 * Own the key until the row is in the unique index.  The
+				 * lock is held for microseconds: whoever holds it now is
+				 * inserting the same key, and has not committed.
+				 */
+				idem_key_lock_tag(&lock, &req->scope);
+				if (!idem_key_lock_try(&lock))
+				{
+					if (now < deadline &&
+						idem_key_lock_wait(&lock,
+										   (int) Min(Max(1, (deadline - now) / 1000),
+													 PG_INT32_MAX)))
+						continue;	/* read what the other insert left */
+					answer_busy(answer);
+					goto done;
+				}
 				memset(&rec, 0, sizeof(rec));
-				wrote = idem_record_insert(&req->scope, &start, &rec.id);
+				/* an error on the way gives the lock back with the abort */
+				wrote = idem_record_insert(&req->scope, &start, &rec.id,
+										   &writer);
+				idem_key_lock_release(&lock);
 				if (wrote)
 					answer_proceed(answer, &rec, &start, 1, !req->inbox);
 				break;
@@ -411,27 +641,36 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 
 		/*
 		 * The record changed since it was read, or another transaction is
-		 * writing it (a completion racing this takeover, say).  With time
-		 * left to wait, wait for that transaction to end, or, when it cannot
-		 * be named, a short step, and read again.
+		 * writing it: inserting the same key, or updating, locking or
+		 * deleting the version that was read (a completion racing this
+		 * takeover, the worker, say).  A transaction that is still running
+		 * is what the claim answers in_progress for, at once, or waits for
+		 * with time left; one that ended left a record to read again.
 		 */
+		if (!TransactionIdIsValid(writer) && found)
+			writer = rec.writer_xid;
+		if (TransactionIdIsValid(writer) && !TransactionIdIsInProgress(writer))
+			writer = InvalidTransactionId;
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
+		{
+			if (TransactionIdIsValid(writer))
+			{
+				answer_busy(answer);
+				break;
+			}
 			continue;
-		if (found && TransactionIdIsValid(rec.writer_xid) &&
-			TransactionIdIsInProgress(rec.writer_xid))
-			(void) idem_xact_wait(rec.writer_xid,
+		}
+		if (TransactionIdIsValid(writer))
+			(void) idem_xact_wait(writer,
 								  (int) Min(Max(1, (deadline - now) / 1000),
 											PG_INT32_MAX));
 		else
 			sleep_until(deadline, &step_ms);
 	}
 
+done:
 	idem_restore_user(&user);
-
-	/* A claim that ended up writing nothing keeps nobody else waiting. */
-	if (have_lock && !wrote)
-		idem_key_lock_release(&lock);
 }
 
 /*
@@ -642,12 +881,23 @@ empty_request_fingerprint(uint8 *digest)
 static HeapTuple
 answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 {
-	const IdemCatalog *cat = idem_catalog();
 	Datum		values[DECISION_COLUMNS];
 	bool		nulls[DECISION_COLUMNS];
+
+	answer_values(answer, values, nulls);
+	return heap_form_tuple(tupdesc, values, nulls);
+}
+
+/*
+ * The answer as the DECISION_COLUMNS values of an idem_decision row.
+ */
+static void
+answer_values(const IdemAnswer *answer, Datum *values, bool *nulls)
+{
+	const IdemCatalog *cat = idem_catalog();
 	const IdemRecord *rec = &answer->rec;
 
-	memset(nulls, true, sizeof(nulls));
+	memset(nulls, true, DECISION_COLUMNS * sizeof(bool));
 	values[0] = CStringGetTextDatum(idem_outcome_name(answer->outcome));
 	nulls[0] = false;
 	if (answer->token)
@@ -705,7 +955,6 @@ answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 		values[10] = Int32GetDatum(answer->retry_after);
 		nulls[10] = false;
 	}
-	return heap_form_tuple(tupdesc, values, nulls);
 }
 
 /*

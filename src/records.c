@@ -298,15 +298,18 @@ idem_record_fetch_by_id(int64 id, text *role, bool any_role, IdemRecord *rec)
 /*
  * Insert attempt 1 of a new command (processing, with a token and a lease),
  * or an inbox message (start->finished: succeeded at once, without token,
- * lease or response).  Returns false, writing nothing, when
- * a record of the same scope and key was committed since it was read (its
- * writer held the key lock until then); under REPEATABLE READ or
- * SERIALIZABLE that is a serialization failure, as for INSERT ... ON
- * CONFLICT.
+ * lease or response).  The caller holds the key lock (key_lock.c).
+ *
+ * Returns false, writing nothing, when the unique index already holds a
+ * record of the same scope and key that the read did not see: one that
+ * another transaction is inserting or deleting and has not ended yet
+ * (*writer is then that transaction), or one committed since the read
+ * (*writer is InvalidTransactionId; under REPEATABLE READ or SERIALIZABLE
+ * that is a serialization failure, as for INSERT ... ON CONFLICT).
  */
 bool
 idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
-				   int64 *id)
+				   int64 *id, TransactionId *writer)
 {
 	const IdemCatalog *cat = idem_catalog();
 	IdemRecordWriter w;
@@ -320,9 +323,9 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 	idem_writer_start(&w, CMD_INSERT, NULL, 0);
 	scope_keys(scope, keys);
 	if (idem_writer_key_taken(&w, cat->scope_index_oid, keys,
-							  RECORD_SCOPE_COLUMNS))
+							  RECORD_SCOPE_COLUMNS, writer))
 	{
-		if (IsolationUsesXactSnapshot())
+		if (IsolationUsesXactSnapshot() && !TransactionIdIsValid(*writer))
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 					 errmsg("could not serialize access due to concurrent update"),
