@@ -117,6 +117,15 @@ run_consumer_suite() {
             -f "$IDEM_TMP/src/examples/schema.sql" -f "$IDEM_TMP/src/examples/consumer/schema.sql"; then
         log "setting up the database idem_consumer failed"
     else
+        # CONSUMER_BENCH=1,10,100,1000: first, how fast the consumer drains
+        # the queue with these batch sizes (examples/consumer/bench_consumer.py).
+        if [ -n "${CONSUMER_BENCH:-}" ] && ! (cd "$IDEM_TMP/src/examples/consumer" &&
+            in_own_group timeout -k 10 1200 env "${client_env[@]}" PGDATABASE=idem_consumer \
+                AMQP_URL="amqp://guest:guest@127.0.0.1:$amqp_port/%2F" PYTHONDONTWRITEBYTECODE=1 \
+                /usr/bin/python3 -u bench_consumer.py --batch-sizes "$CONSUMER_BENCH"); then
+            failed_suites+=(consumer-bench)
+            failed=$((failed + 1))
+        fi
         run_client consumer "$IDEM_TMP/src/examples/consumer" \
             env PGDATABASE=idem_consumer AMQP_URL="amqp://guest:guest@127.0.0.1:$amqp_port/%2F" \
             PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -u test_consumer.py

@@ -37,7 +37,8 @@ inbox record.
 Connection settings: libpq's environment for PostgreSQL (PGHOST, PGPORT,
 PGDATABASE, PGUSER, ...), the role needs EXECUTE on idem_inbox and INSERT on
 payments (examples/schema.sql, examples/consumer/schema.sql); AMQP_URL (or
---amqp-url) for RabbitMQ.  One line per batch on stdout:
+--amqp-url) for RabbitMQ.  On stdout, "consuming from QUEUE, batch size N"
+once connected, then one line per batch:
 
     batch 3: messages=100 proceed=97 duplicate=2 in_progress=0 mismatch=1 dead_lettered=1 redelivered=0 redelivered_duplicate=0
 
@@ -134,6 +135,8 @@ class Consumer:
     def run(self):
         batch = []
         busy = False
+        print("consuming from %s, batch size %d" % (self.args.queue, self.args.batch_size),
+              flush=True)
         for method, properties, body in self.channel.consume(
                 self.args.queue, inactivity_timeout=self.args.batch_wait_ms / 1000.0):
             if method is not None:
