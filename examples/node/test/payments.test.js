@@ -122,16 +122,19 @@ async function paymentsFor(key) {
   return rows.map((row) => row.id);
 }
 
-// True once a claim holds its key lock (README, "Locks"): the first request
-// has claimed and is inside its handler.  Any claim in the database counts:
-// this test must be the only client of its database.
+// True once a transaction that wrote a claim is open: the first request has
+// claimed and is inside its handler.  Its write holds a RowExclusiveLock on
+// idem_records until it ends (the key lock itself is held only until the new
+// row is in the index).  Any claim in the database counts: this test must be
+// the only client of its database.
 async function waitForClaimLock(ms) {
   const deadline = Date.now() + ms;
   while (Date.now() < deadline) {
     const { rows: [{ n }] } = await db.query(`
-      SELECT count(*)::int AS n FROM pg_locks
-       WHERE locktype = 'advisory' AND objsubid = 478 AND granted
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`);
+      SELECT count(*)::int AS n FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+       WHERE l.locktype = 'relation' AND c.relname = 'idem_records'
+         AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid()
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`);
     if (n > 0) return true;
     await sleep(50);
   }
