@@ -135,14 +135,19 @@ class Consumer:
     def run(self):
         batch = []
         busy = False
+        wait = self.args.batch_wait_ms / 1000.0
         print("consuming from %s, batch size %d" % (self.args.queue, self.args.batch_size),
               flush=True)
-        for method, properties, body in self.channel.consume(
-                self.args.queue, inactivity_timeout=self.args.batch_wait_ms / 1000.0):
+        for method, properties, body in self.channel.consume(self.args.queue,
+                                                             inactivity_timeout=wait):
             if method is not None:
+                if not batch:
+                    started = time.monotonic()
                 batch.append((method, properties, body))
-            # A batch is full, or no message came for --batch-wait-ms.
-            if batch and (method is None or len(batch) >= self.args.batch_size):
+            # A batch is full, or its first message came --batch-wait-ms ago,
+            # or no message came for that long.
+            if batch and (method is None or len(batch) >= self.args.batch_size
+                          or time.monotonic() - started >= wait):
                 self.process(batch)
                 batch = []
                 busy = True
@@ -278,7 +283,7 @@ def main():
     parser.add_argument("--prefetch", type=int, default=0,
                         help="unacknowledged messages the broker sends ahead (default: the batch size)")
     parser.add_argument("--batch-wait-ms", type=int, default=200,
-                        help="a batch that is not full is applied after this long without a message")
+                        help="a batch that is not full is applied this long after its first message")
     parser.add_argument("--retry-delay-ms", type=int, default=500,
                         help="how long an in_progress message is held before it is requeued")
     parser.add_argument("--pause-before-commit", type=int, metavar="N")
