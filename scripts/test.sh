@@ -11,8 +11,8 @@
 #   bash scripts/test.sh                    every suite
 #   bash scripts/test.sh regress tap        only the suites named (regress,
 #                                           isolation, tap, walkthrough,
-#                                           clients, consumer, and those
-#                                           listed below)
+#                                           clients, sharding, consumer,
+#                                           and those listed below)
 #   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
 #       bash scripts/test.sh regress tap    only these tests of a suite
 set -euo pipefail
@@ -346,6 +346,9 @@ else
     failed_suites+=(clients)
     failed=$((failed + 1))
 fi
+
+# The PL/Proxy layout of examples/sharding (scripts/suite_sharding.sh).
+wanted sharding && . "$IDEM_ROOT/scripts/suite_sharding.sh"
 
 # The RabbitMQ consumer (examples/consumer) against a private broker.
 wanted consumer && . "$IDEM_ROOT/scripts/suite_consumer.sh"
