@@ -128,6 +128,7 @@ static void claim_options(FunctionCallInfo fcinfo, int first_arg,
 static Datum *item_array(FunctionCallInfo fcinfo, int argno, const char *name,
 						 Oid elemtype, int *nitems);
 static bool *repeated_keys(Datum *keys, int nkeys);
+static void item_context_callback(void *arg);
 static int	key_cmp(Datum a, Datum b);
 static int	compare_keys(const void *a, const void *b, void *arg);
 static int64 interval_arg(FunctionCallInfo fcinfo, int argno, const char *name,
@@ -224,6 +225,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	TimestampTz deadline;
 	MemoryContext item_context;
 	MemoryContext oldcontext;
+	ErrorContextCallback item_errcontext;
 
 	idem_require_arg(fcinfo, 0, "operation");
 	idem_require_arg(fcinfo, 3, "tenant");
@@ -253,6 +255,10 @@ idem_claim_many(PG_FUNCTION_ARGS)
 
 	/* every key and request checked before the first claim writes */
 	fingerprints = palloc(Max(nkeys, 1) * IDEM_FINGERPRINT_LEN);
+	item_errcontext.callback = item_context_callback;
+	item_errcontext.arg = &i;
+	item_errcontext.previous = error_context_stack;
+	error_context_stack = &item_errcontext;
 	for (i = 0; i < nkeys; i++)
 	{
 		idem_check_key(DatumGetTextPP(keys[i]));
@@ -262,6 +268,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 		else
 			empty_request_fingerprint(fingerprints + i * IDEM_FINGERPRINT_LEN);
 	}
+	error_context_stack = item_errcontext.previous;
 	repeated = repeated_keys(keys, nkeys);
 
 	InitMaterializedSRF(fcinfo, 0);
@@ -297,6 +304,15 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	}
 	MemoryContextDelete(item_context);
 	return (Datum) 0;
+}
+
+/*
+ * Name the item of idem_claim_many whose key or request was refused.
+ */
+static void
+item_context_callback(void *arg)
+{
+	errcontext("item %d of idem_claim_many", *(int *) arg + 1);
 }
 
 /*

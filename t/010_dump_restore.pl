@@ -114,9 +114,8 @@ foreach my $db ('restored', 'restored_sql')
 		'proceed', "$db: records stay with their role");
 }
 
-# The guard still rejects raw inserts of finished records outside a restore
-# (one with an answer: a succeeded record without any is what idem_inbox
-# writes).
+# The guard still rejects raw inserts of finished records (with an answer:
+# one without is what idem_inbox writes) outside a restore.
 my ($ret, $stdout, $stderr) = $node->psql('restored', q{
 	INSERT INTO idem_records (role, tenant, caller, operation, key, fingerprint, state, attempt,
 	                          on_lease_expiry, ttl, response_status, created_at, claimed_at,

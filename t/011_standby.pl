@@ -10,7 +10,12 @@ use Test::More;
 
 my $primary = PostgreSQL::Test::Cluster->new('primary');
 $primary->init(allows_streaming => 1);
-$primary->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
+# The worker must not expire the test's ended lease on the primary while
+# the test runs, however slow the machine: it wakes once a day.
+$primary->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'idempotency'
+idempotency.naptime = '1d'
+});
 $primary->start;
 $primary->safe_psql('postgres', q{
 	CREATE EXTENSION idempotency;

@@ -163,20 +163,21 @@ def payments_for(db, key):
 
 
 def wait_for_claim_lock(db, timeout=20.0):
-    """True once a transaction that wrote a claim is open: the first request
-    has claimed and is inside its handler.  Its write holds a RowExclusiveLock
-    on idem_records until it ends (the key lock itself is held only until the
-    new row is in the index).  Any claim in the database counts: this test
-    must be the only client of its database."""
+    """True once a transaction that wrote idem_records has not committed
+    yet (docs/api.md, "Locks": it holds ROW EXCLUSIVE on the table until it
+    ends): the first request has claimed and is inside its handler.  Any
+    claim in the database counts: this test must be the only client of its
+    database."""
     deadline = time.monotonic() + timeout
     with db.cursor() as cur:
         while time.monotonic() < deadline:
-            cur.execute("""SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-                            WHERE l.locktype = 'relation' AND c.relname = 'idem_records'
-                              AND l.mode = 'RowExclusiveLock' AND l.granted
-                              AND l.pid <> pg_backend_pid()
-                              AND l.database = (SELECT oid FROM pg_database
-                                                 WHERE datname = current_database())""")
+            cur.execute("""SELECT count(*) FROM pg_locks
+                            WHERE locktype = 'relation' AND mode = 'RowExclusiveLock' AND granted
+                              AND pid <> pg_backend_pid()
+                              AND relation = (SELECT oid FROM pg_class
+                                               WHERE relname = 'idem_records' AND relkind = 'r')
+                              AND database = (SELECT oid FROM pg_database
+                                               WHERE datname = current_database())""")
             if cur.fetchone()[0] > 0:
                 return True
             time.sleep(0.05)
