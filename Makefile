@@ -53,7 +53,13 @@ REGRESS += rate_limit
 
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
+
+# Batches and consumers: idem_inbox, idem_claim_many, no lock per key
+# (claim_prepared needs max_prepared_transactions > 0)
+REGRESS += inbox claim_many
+ISOLATION += claim_many_keys claim_prepared
 ISOLATION += maintenance_skip_locked expiry_races
+
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

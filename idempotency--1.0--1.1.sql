@@ -369,3 +369,67 @@ REVOKE ALL ON FUNCTION idem_stat_reset() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_list(text, text, interval, integer) FROM PUBLIC;
 REVOKE ALL ON idem_stat_operations FROM PUBLIC;
 REVOKE ALL ON idem_stat_operations_info FROM PUBLIC;
+
+-- Batches and consumers (src/claim.c, src/key_lock.c).
+--
+-- idem_inbox: a message consumer's inbox.  Each message id is a record of
+-- the calling role with operation = consumer, inserted succeeded at once
+-- without token, lease or response, in the consumer's own transaction, so
+-- ttl, tombstones and cleanup are those of every record (docs/inbox.md).
+--
+CREATE FUNCTION idem_inbox(
+    consumer   text,
+    message_id text,
+    message    jsonb DEFAULT NULL,
+    ttl        interval DEFAULT NULL)
+    RETURNS text
+    AS 'MODULE_PATHNAME', 'idem_inbox'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idem_inbox(text, text, jsonb, interval) IS
+    'Record a consumed message id: proceed, duplicate, in_progress or mismatch';
+
+REVOKE ALL ON FUNCTION idem_inbox(text, text, jsonb, interval) FROM PUBLIC;
+
+--
+-- idem_claim_many: one claim per key, answered in input order with its key
+-- and idem_decision's columns, in the caller's transaction.  wait bounds
+-- the whole call; a key repeated within the call is claimed again without
+-- waiting (in_progress when its first position proceeded).  See
+-- docs/api.md.
+--
+CREATE FUNCTION idem_claim_many(
+    operation       text,
+    keys            text[],
+    requests        jsonb[] DEFAULT NULL,
+    tenant          text DEFAULT '',
+    caller          text DEFAULT current_user,
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    wait            interval DEFAULT NULL,
+    on_lease_expiry text DEFAULT 'unknown',
+    on_expired      text DEFAULT 'reject')
+    RETURNS TABLE (
+        key            text,
+        outcome        text,
+        token          text,
+        record_id      bigint,
+        state          idem_state,
+        attempt        integer,
+        recovery_point text,
+        http_status    integer,
+        headers        jsonb,
+        body           jsonb,
+        error_code     text,
+        retry_after    integer,
+        resource_id    text,
+        raw_body       bytea)
+    AS 'MODULE_PATHNAME', 'idem_claim_many'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+
+COMMENT ON FUNCTION idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text) IS
+    'Claim many idempotency keys at once: one decision per key, in input order';
+
+REVOKE ALL ON FUNCTION
+    idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text)
+    FROM PUBLIC;

@@ -11,8 +11,8 @@
 #   bash scripts/test.sh                    every suite
 #   bash scripts/test.sh regress tap        only the suites named (regress,
 #                                           isolation, tap, walkthrough,
-#                                           clients, sharding, exporter, and those
-#                                           listed below)
+#                                           clients, sharding, consumer,
+#                                           exporter, and those listed below)
 #   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
 #       bash scripts/test.sh regress tap    only these tests of a suite
 set -euo pipefail
@@ -35,7 +35,8 @@ build_and_install
 make_workdir
 # The worker serves "postgres" only, so that it never touches the records
 # the regression tests inspect; the TAP tests start clusters of their own.
-start_cluster "idempotency.database = 'postgres'"
+# specs/claim_prepared.spec prepares transactions.
+start_cluster "idempotency.database = 'postgres'" "max_prepared_transactions = 4"
 
 cd "$IDEM_TMP/src"
 failed_suites=()
@@ -356,6 +357,9 @@ wanted sharding && . "$IDEM_ROOT/scripts/suite_sharding.sh"
 # monitoring/: alert rules checked by promtool, queries scraped through
 # prometheus-postgres-exporter (scripts/suite_exporter.sh).
 wanted exporter && run_exporter_suite
+
+# The RabbitMQ consumer (examples/consumer) against a private broker.
+wanted consumer && . "$IDEM_ROOT/scripts/suite_consumer.sh"
 
 # On failure, show what failed and nothing else: the diffs of the failed
 # pg_regress and isolation tests, and the logs of the failed TAP files (a

@@ -7,11 +7,14 @@ SET idempotency.default_lease = '1h';
 SELECT (c).token AS token, (c).record_id AS id
   FROM idem_claim('orders.create', 'sm-1', '{"sku": "A"}') c \gset
 
--- Records are born processing at attempt 1.
+-- Records are born processing at attempt 1 (or succeeded without any
+-- response, token or lease: an idem_inbox record), never finished with an
+-- answer.
 INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state, attempt,
-                          on_lease_expiry, ttl, created_at, claimed_at, updated_at, expires_at)
+                          on_lease_expiry, ttl, response_status, created_at, claimed_at,
+                          updated_at, expires_at)
 VALUES ('', 'x', 'orders.create', 'sm-raw', sha256(''), 'succeeded', 1, 'unknown', '1 day',
-        now(), now(), now(), now() + '1 day');
+        201, now(), now(), now(), now() + '1 day');
 INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state, attempt,
                           on_lease_expiry, ttl, created_at, claimed_at, updated_at, expires_at)
 VALUES ('', 'x', 'orders.create', 'sm-raw', sha256(''), 'processing', 3, 'unknown', '1 day',

@@ -10,20 +10,25 @@
  * no row lock, no WAL, no key lock.
  *
  * A claim that would create a record takes a token of its role's
- * idempotency.max_new_keys_per_second (rate_limit.c) once it owns the key,
- * right before the write, and answers rate_limited, writing nothing, when
+ * idempotency.max_new_keys_per_second (rate_limit.c) right before the
+ * write (for a new key, once it holds the key lock), and answers rate_limited, writing nothing, when
  * there is none.  If the write then finds the record changed, the token is
  * given back before the claim reads again.  With the limit off this costs
  * one comparison.
  *
- * Before writing, a claim takes the key lock (key_lock.c) without waiting.
- * If another transaction holds it, that transaction is writing the same key
- * and has not committed, and the claim answers in_progress at once (or, with
- * wait > 0, waits for the lock up to its deadline and then reads again).
- * Writes are conditional on the version that was read and skip rows locked
- * by others, so a write that finds the record changed writes nothing and the
- * claim reads again.  The loop ends in a bounded number of rounds: with the
- * key lock held, only attempts completing or the worker can change the
+ * A claim that inserts a new record holds the key lock (key_lock.c) only
+ * until its row is in the unique index; a claim that updates an existing
+ * record (takeover, new attempt, reuse) takes a row lock that skips rows
+ * locked by others.  No lock-table entry per key is kept until commit, so
+ * a transaction may claim any number of keys.  A claim that finds the key
+ * being written by another transaction that has not committed (the key
+ * lock taken, the new row in the unique index under a dirty snapshot, or
+ * the version read updated or locked) answers in_progress at once, or,
+ * with wait > 0, waits for that transaction to end (key_lock.c) up to its
+ * deadline and then reads again.  Writes are conditional on the version
+ * that was read, so a write that finds the record changed writes nothing
+ * and the claim reads again.  The loop ends in a bounded number of rounds:
+ * only attempts completing, other claims or the worker can change the
  * record, and each of those changes moves it towards a final answer.
  *
  * A claim that waits for an attempt that committed its claim and is still
@@ -45,11 +50,13 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "storage/procarray.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
@@ -67,6 +74,8 @@
 
 PG_FUNCTION_INFO_V1(idem_claim);
 PG_FUNCTION_INFO_V1(idem_replay);
+PG_FUNCTION_INFO_V1(idem_inbox);
+PG_FUNCTION_INFO_V1(idem_claim_many);
 
 /* Rounds of read-decide-write after which a claim answers in_progress. */
 #define MAX_WRITE_ROUNDS 5
@@ -104,6 +113,7 @@ typedef struct ClaimRequest
 	int64		wait_usecs;
 	IdemLeasePolicy on_lease_expiry;
 	bool		proceed_expired;	/* on_expired => 'proceed' */
+	bool		inbox;			/* idem_inbox: done at once, no token */
 } ClaimRequest;
 
 static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
@@ -111,22 +121,37 @@ static void answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
 							   const IdemRecord *rec, TimestampTz now);
 static void answer_busy(IdemAnswer *answer);
 static void answer_rate_limited(IdemAnswer *answer, int32 retry_after);
+static bool take_rate_token(const ClaimRequest *req, IdemAction action,
+							Oid roleid, IdemAnswer *answer);
 static void answer_in_progress_now(const IdemScope *scope,
 								   const IdemRecord *rec,
 								   IdemAnswer *answer, TimestampTz now);
 static void answer_proceed(IdemAnswer *answer, IdemRecord *rec,
-						   const IdemAttemptStart *start, int32 attempt);
+						   const IdemAttemptStart *start, int32 attempt,
+						   bool with_token);
 static void sleep_until(TimestampTz until, int *step_ms);
 static void read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
 					   int tenant_arg, int caller_arg, IdemScope *scope);
 static Interval *seconds_interval(int seconds);
 static HeapTuple answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer);
+static void answer_values(const IdemAnswer *answer, Datum *values, bool *nulls);
+static void claim_options(FunctionCallInfo fcinfo, int first_arg,
+						  ClaimRequest *req);
+static Datum *item_array(FunctionCallInfo fcinfo, int argno, const char *name,
+						 Oid elemtype, int *nitems);
+static bool *repeated_keys(Datum *keys, int nkeys);
+static void item_context_callback(void *arg);
+static int	key_cmp(Datum a, Datum b);
+static int	compare_keys(const void *a, const void *b, void *arg);
 static int64 interval_arg(FunctionCallInfo fcinfo, int argno, const char *name,
 						  int64 setting_usecs, bool allow_zero);
 static void empty_request_fingerprint(uint8 *digest);
 static Datum answer_datum(FunctionCallInfo fcinfo, const IdemAnswer *answer);
 static void answer_store(FunctionCallInfo fcinfo, const IdemAnswer *answer);
 static void check_decision_columns(TupleDesc tupdesc);
+static void check_inbox_decision(const ClaimRequest *req, IdemDecision d,
+								 const IdemRecord *rec);
+static const char *inbox_answer(IdemOutcome outcome);
 
 /*
  * idem_claim(operation, key, request, tenant, caller, ttl, lease, wait,
@@ -141,34 +166,309 @@ idem_claim(PG_FUNCTION_ARGS)
 {
 	ClaimRequest req;
 	IdemAnswer	answer;
-	TimestampTz start = idem_stat_enabled() ? GetCurrentTimestamp() : 0;
 
 	read_scope(fcinfo, 0, 1, 3, 4, &req.scope);
 	if (PG_ARGISNULL(2))
 		empty_request_fingerprint(req.fingerprint);
 	else
 		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
-	req.ttl = PG_ARGISNULL(5) ? seconds_interval(idem_default_ttl_s) :
-		PG_GETARG_INTERVAL_P(5);
-	(void) idem_interval_usecs(req.ttl, "ttl", false);
-	req.lease_usecs = interval_arg(fcinfo, 6, "lease",
-								   (int64) idem_default_lease_ms * 1000, false);
-	req.wait_usecs = interval_arg(fcinfo, 7, "wait",
-								  (int64) idem_claim_wait_ms * 1000, true);
-	idem_require_arg(fcinfo, 8, "on_lease_expiry");
-	req.on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(8));
-	req.proceed_expired = true;
-	if (PG_NARGS() > 9)
-	{
-		idem_require_arg(fcinfo, 9, "on_expired");
-		req.proceed_expired = idem_parse_on_expired(PG_GETARG_TEXT_PP(9));
-	}
+	claim_options(fcinfo, 5, &req);
 
 	claim_key(&req, &answer);
-	if (start != 0)
-		idem_stat_count_claim(GetUserId(), req.scope.operation, answer.outcome,
-							  GetCurrentTimestamp() - start);
 	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
+}
+
+/*
+ * Read the arguments a claim takes after its scope: ttl, lease, wait,
+ * on_lease_expiry and (version 1.1) on_expired, from first_arg on.
+ */
+static void
+claim_options(FunctionCallInfo fcinfo, int first_arg, ClaimRequest *req)
+{
+	req->ttl = PG_ARGISNULL(first_arg) ? seconds_interval(idem_default_ttl_s) :
+		PG_GETARG_INTERVAL_P(first_arg);
+	(void) idem_interval_usecs(req->ttl, "ttl", false);
+	req->lease_usecs = interval_arg(fcinfo, first_arg + 1, "lease",
+									(int64) idem_default_lease_ms * 1000, false);
+	req->wait_usecs = interval_arg(fcinfo, first_arg + 2, "wait",
+								   (int64) idem_claim_wait_ms * 1000, true);
+	idem_require_arg(fcinfo, first_arg + 3, "on_lease_expiry");
+	req->on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(first_arg + 3));
+	req->proceed_expired = true;
+	req->inbox = false;
+	if (PG_NARGS() > first_arg + 4)
+	{
+		idem_require_arg(fcinfo, first_arg + 4, "on_expired");
+		req->proceed_expired = idem_parse_on_expired(PG_GETARG_TEXT_PP(first_arg + 4));
+	}
+}
+
+/*
+ * idem_claim_many(operation, keys, requests, tenant, caller, ttl, lease,
+ *				   wait, on_lease_expiry, on_expired)
+ *	  returns setof (key, idem_decision's columns)
+ *
+ * One claim per element of keys (with the request at the same position of
+ * requests, or none when requests is NULL), answered in input order, each
+ * exactly as idem_claim would answer it, in the caller's transaction.  The
+ * arrays are checked whole before anything is claimed: of different
+ * lengths, multidimensional, holding a NULL or an invalid key, they are
+ * refused (22023, 22004 ...) and nothing is written.
+ *
+ * wait bounds the whole call, not each item: an item claimed after the
+ * wait ran out answers in_progress at once if it must.  A key repeated
+ * within the call is claimed again at each later position without
+ * waiting: it reads what its first position left in this transaction, so
+ * it answers in_progress when the first proceeded (its record is
+ * processing, by this very call), mismatch when the requests differ, and
+ * otherwise the first position's answer.
+ */
+Datum
+idem_claim_many(PG_FUNCTION_ARGS)
+{
+	ClaimRequest req;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum	   *keys;
+	Datum	   *requests = NULL;
+	bool	   *repeated;
+	uint8	   *fingerprints;
+	int			nkeys;
+	int			i;
+	TimestampTz deadline;
+	MemoryContext item_context;
+	MemoryContext oldcontext;
+	ErrorContextCallback item_errcontext;
+
+	idem_require_arg(fcinfo, 0, "operation");
+	idem_require_arg(fcinfo, 3, "tenant");
+	idem_require_arg(fcinfo, 4, "caller");
+	req.scope.role = idem_calling_role();
+	req.scope.operation = PG_GETARG_TEXT_PP(0);
+	req.scope.tenant = PG_GETARG_TEXT_PP(3);
+	req.scope.caller = PG_GETARG_TEXT_PP(4);
+	idem_check_name(req.scope.operation, "operation", false);
+	idem_check_name(req.scope.tenant, "tenant", true);
+	idem_check_name(req.scope.caller, "caller", false);
+
+	keys = item_array(fcinfo, 1, "keys", TEXTOID, &nkeys);
+	if (!PG_ARGISNULL(2))
+	{
+		int			nrequests;
+
+		requests = item_array(fcinfo, 2, "requests", JSONBOID, &nrequests);
+		if (nrequests != nkeys)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("keys and requests must have the same number of elements"),
+					 errdetail("keys has %d elements, requests has %d.",
+							   nkeys, nrequests)));
+	}
+	claim_options(fcinfo, 5, &req);
+
+	/* every key and request checked before the first claim writes */
+	fingerprints = palloc(Max(nkeys, 1) * IDEM_FINGERPRINT_LEN);
+	item_errcontext.callback = item_context_callback;
+	item_errcontext.arg = &i;
+	item_errcontext.previous = error_context_stack;
+	error_context_stack = &item_errcontext;
+	for (i = 0; i < nkeys; i++)
+	{
+		idem_check_key(DatumGetTextPP(keys[i]));
+		if (requests)
+			idem_fingerprint_jsonb(DatumGetJsonbP(requests[i]),
+								   fingerprints + i * IDEM_FINGERPRINT_LEN);
+		else
+			empty_request_fingerprint(fingerprints + i * IDEM_FINGERPRINT_LEN);
+	}
+	error_context_stack = item_errcontext.previous;
+	repeated = repeated_keys(keys, nkeys);
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (rsinfo->setDesc->natts != DECISION_COLUMNS + 1)
+		elog(ERROR, "idem_claim_many returns %d columns, expected %d",
+			 rsinfo->setDesc->natts, DECISION_COLUMNS + 1);
+
+	deadline = idem_timestamp_plus(GetCurrentTimestamp(), req.wait_usecs, "wait");
+	item_context = AllocSetContextCreate(CurrentMemoryContext,
+										 "idem_claim_many item",
+										 ALLOCSET_DEFAULT_SIZES);
+	for (i = 0; i < nkeys; i++)
+	{
+		IdemAnswer	answer;
+		Datum		values[DECISION_COLUMNS + 1];
+		bool		nulls[DECISION_COLUMNS + 1];
+
+		CHECK_FOR_INTERRUPTS();
+		oldcontext = MemoryContextSwitchTo(item_context);
+		req.scope.key = DatumGetTextPP(keys[i]);
+		memcpy(req.fingerprint, fingerprints + i * IDEM_FINGERPRINT_LEN,
+			   IDEM_FINGERPRINT_LEN);
+		req.wait_usecs = repeated[i] ? 0 :
+			Max(0, deadline - GetCurrentTimestamp());
+		claim_key(&req, &answer);
+
+		values[0] = PointerGetDatum(req.scope.key);
+		nulls[0] = false;
+		answer_values(&answer, values + 1, nulls + 1);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		MemoryContextSwitchTo(oldcontext);
+		MemoryContextReset(item_context);
+	}
+	MemoryContextDelete(item_context);
+	return (Datum) 0;
+}
+
+/*
+ * Name the item of idem_claim_many whose key or request was refused.
+ */
+static void
+item_context_callback(void *arg)
+{
+	errcontext("item %d of idem_claim_many", *(int *) arg + 1);
+}
+
+/*
+ * The elements of a one-dimensional array argument without NULLs: the items
+ * of idem_claim_many.  A NULL array is refused like a NULL key.
+ */
+static Datum *
+item_array(FunctionCallInfo fcinfo, int argno, const char *name,
+		   Oid elemtype, int *nitems)
+{
+	ArrayType  *array;
+	Datum	   *elems;
+	bool	   *nulls;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			i;
+
+	idem_require_arg(fcinfo, argno, name);
+	array = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", name),
+				 errdetail("The array given has %d dimensions.", ARR_NDIM(array))));
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	deconstruct_array(array, elemtype, typlen, typbyval, typalign,
+					  &elems, &nulls, nitems);
+	for (i = 0; i < *nitems; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s must not contain NULL", name),
+					 errdetail("Element %d is NULL.", i + 1)));
+	return elems;
+}
+
+/*
+ * For each position of keys, whether the same key came at an earlier
+ * position: the positions sorted by key, then by position.
+ */
+static bool *
+repeated_keys(Datum *keys, int nkeys)
+{
+	bool	   *repeated = palloc0(Max(nkeys, 1) * sizeof(bool));
+	int		   *order = palloc(Max(nkeys, 1) * sizeof(int));
+	int			i;
+
+	for (i = 0; i < nkeys; i++)
+		order[i] = i;
+	qsort_arg(order, nkeys, sizeof(int), compare_keys, keys);
+	for (i = 1; i < nkeys; i++)
+		if (key_cmp(keys[order[i - 1]], keys[order[i]]) == 0)
+			repeated[order[i]] = true;
+	pfree(order);
+	return repeated;
+}
+
+/*
+ * Byte order of two keys (any order does, as long as equal keys meet).
+ */
+static int
+key_cmp(Datum a, Datum b)
+{
+	text	   *ta = DatumGetTextPP(a);
+	text	   *tb = DatumGetTextPP(b);
+	int			la = VARSIZE_ANY_EXHDR(ta);
+	int			lb = VARSIZE_ANY_EXHDR(tb);
+	int			c = memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), Min(la, lb));
+
+	if (c != 0)
+		return c;
+	return (la > lb) - (la < lb);
+}
+
+/*
+ * qsort_arg comparator of positions in keys: by key, then by position.
+ */
+static int
+compare_keys(const void *a, const void *b, void *arg)
+{
+	Datum	   *keys = (Datum *) arg;
+	int			ia = *(const int *) a;
+	int			ib = *(const int *) b;
+	int			c = key_cmp(keys[ia], keys[ib]);
+
+	if (c != 0)
+		return c;
+	return (ia > ib) - (ia < ib);
+}
+
+/*
+ * idem_inbox(consumer, message_id, message, ttl) returns text: whether a
+ * consumer applies a message now ('proceed'), already did ('duplicate'),
+ * another transaction is applying it right now ('in_progress'), or the id
+ * arrived before with a different message ('mismatch').
+ *
+ * An inbox record is a record of the calling role with operation =
+ * consumer, key = message_id, tenant '' and caller = the role, inserted
+ * succeeded at once, without token, lease or response, in the consumer's
+ * own transaction: an abort forgets it, a commit makes every later call
+ * a duplicate.  It goes through the claim's decision and key lock like any
+ * claim, so its expiry, tombstone and cleanup are those of every record: a
+ * message id seen again past expires_at but within the tombstone window is
+ * a duplicate still, or a mismatch for a different message (the tombstone
+ * keeps the fingerprint and the fact that it was done); past that window
+ * it is new again.  The wait is
+ * idempotency.claim_wait.
+ */
+Datum
+idem_inbox(PG_FUNCTION_ARGS)
+{
+	ClaimRequest req;
+	IdemAnswer	answer;
+
+	idem_require_arg(fcinfo, 0, "consumer");
+	idem_require_arg(fcinfo, 1, "message_id");
+	req.scope.role = idem_calling_role();
+	req.scope.operation = PG_GETARG_TEXT_PP(0);
+	req.scope.key = PG_GETARG_TEXT_PP(1);
+	req.scope.tenant = cstring_to_text("");
+	req.scope.caller = req.scope.role;
+	idem_check_name(req.scope.operation, "consumer", false);
+	idem_check_key(req.scope.key);
+	if (PG_ARGISNULL(2))
+		empty_request_fingerprint(req.fingerprint);
+	else
+		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
+	req.ttl = (PG_NARGS() < 4 || PG_ARGISNULL(3)) ?
+		seconds_interval(idem_default_ttl_s) : PG_GETARG_INTERVAL_P(3);
+	(void) idem_interval_usecs(req.ttl, "ttl", false);
+	req.lease_usecs = 0;
+	req.wait_usecs = (int64) idem_claim_wait_ms * 1000;
+	req.on_lease_expiry = IDEM_POLICY_UNKNOWN;
+	req.proceed_expired = false;
+	req.inbox = true;
+
+	claim_key(&req, &answer);
+
+	/* a tombstone keeps the fingerprint: a different message is a mismatch */
+	if (answer.outcome == IDEM_OUTCOME_EXPIRED &&
+		memcmp(answer.rec.fingerprint, req.fingerprint, IDEM_FINGERPRINT_LEN) != 0)
+		PG_RETURN_TEXT_P(cstring_to_text("mismatch"));
+	PG_RETURN_TEXT_P(cstring_to_text(inbox_answer(answer.outcome)));
 }
 
 /*
@@ -217,12 +517,18 @@ idem_replay(PG_FUNCTION_ARGS)
 /*
  * Claim a scope and key: read, decide, write what the decision needs, and
  * fill in the answer.
+ *
+ * A new record is inserted under the key lock, held only until the row is
+ * in the unique index; an existing record is updated with a row lock that
+ * skips rows locked by others.  Either write reports, when it finds the key
+ * being written by another transaction that has not ended, that
+ * transaction: the claim answers in_progress at once, or with time left to
+ * wait, waits for that transaction to end and reads again.
  */
 static void
 claim_key(const ClaimRequest *req, IdemAnswer *answer)
 {
 	LOCKTAG		lock;
-	bool		have_lock = false;
 	bool		wrote = false;
 	int			rounds = 0;
 	int			step_ms = WAIT_STEP_MIN_MS;
@@ -242,11 +548,14 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		bool		found;
 		IdemDecision d;
 		IdemAttemptStart start;
+		TransactionId writer = InvalidTransactionId;
 
 		CHECK_FOR_INTERRUPTS();
 		found = idem_record_fetch(&req->scope, &rec);
 		d = idem_decide(found ? &rec : NULL, req->fingerprint, now,
 						req->proceed_expired);
+		if (req->inbox)
+			check_inbox_decision(req, d, &rec);
 
 		if (d.action == IDEM_ACTION_NONE)
 		{
@@ -281,27 +590,6 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			idem_require_writable("claim an idempotency key");
 		}
 
-		/* Own the key first. */
-		if (!have_lock)
-		{
-			idem_key_lock_tag(&lock, &req->scope);
-			if (idem_key_lock_try(&lock))
-				have_lock = true;
-			else if (now < deadline &&
-					 idem_key_lock_wait(&lock,
-										(int) Min(Max(1, (deadline - now) / 1000),
-												  PG_INT32_MAX)))
-			{
-				/* the other writer ended: read what it left */
-				continue;
-			}
-			else
-			{
-				answer_busy(answer);
-				break;
-			}
-		}
-
 		if (++rounds > MAX_WRITE_ROUNDS && now >= deadline)
 		{
 			/* the row keeps being written by others: let the client retry */
@@ -309,24 +597,19 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			break;
 		}
 
-		/* A new record spends a token of the role's rate first. */
-		if (idem_max_new_keys_per_second > 0 &&
-			idem_action_creates_record(d.action))
-		{
-			int32		retry_after;
-
-			if (!idem_rate_limit_take(MyDatabaseId, roleid, &retry_after))
-			{
-				answer_rate_limited(answer, retry_after);
-				break;
-			}
-			took_token = true;
-		}
-
 		memcpy(start.fingerprint, req->fingerprint, IDEM_FINGERPRINT_LEN);
-		idem_token_new_secret(start.secret);
 		start.now = now;
-		start.locked_until = idem_timestamp_plus(now, req->lease_usecs, "lease");
+		start.finished = req->inbox;
+		if (req->inbox)
+		{
+			memset(start.secret, 0, IDEM_TOKEN_SECRET_LEN);
+			start.locked_until = now;
+		}
+		else
+		{
+			idem_token_new_secret(start.secret);
+			start.locked_until = idem_timestamp_plus(now, req->lease_usecs, "lease");
+		}
 		start.expires_at = idem_interval_end(now, req->ttl);
 		start.ttl = req->ttl;
 		start.on_lease_expiry = req->on_lease_expiry;
@@ -334,10 +617,36 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 		switch (d.action)
 		{
 			case IDEM_ACTION_INSERT:
+
+				/*
+				 * Own the key until the row is in the unique index.  The
+				 * lock is held for microseconds: whoever holds it now is
+				 * inserting the same key, and has not committed.
+				 */
+				idem_key_lock_tag(&lock, &req->scope);
+				if (!idem_key_lock_try(&lock))
+				{
+					if (now < deadline &&
+						idem_key_lock_wait(&lock,
+										   (int) Min(Max(1, (deadline - now) / 1000),
+													 PG_INT32_MAX)))
+						continue;	/* read what the other insert left */
+					answer_busy(answer);
+					goto done;
+				}
+				if (!take_rate_token(req, d.action, roleid, answer))
+				{
+					idem_key_lock_release(&lock);
+					goto done;
+				}
+				took_token = idem_max_new_keys_per_second > 0 && !req->inbox;
 				memset(&rec, 0, sizeof(rec));
-				wrote = idem_record_insert(&req->scope, &start, &rec.id);
+				/* an error on the way gives the lock back with the abort */
+				wrote = idem_record_insert(&req->scope, &start, &rec.id,
+										   &writer);
+				idem_key_lock_release(&lock);
 				if (wrote)
-					answer_proceed(answer, &rec, &start, 1);
+					answer_proceed(answer, &rec, &start, 1, !req->inbox);
 				break;
 			case IDEM_ACTION_REUSE:
 			case IDEM_ACTION_TAKEOVER:
@@ -354,10 +663,15 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 										   rec.attempt),
 								 errhint("The owner of idem_records can delete the record to start the command over.")));
 					attempt = reuse ? 1 : rec.attempt + 1;
+					if (!take_rate_token(req, d.action, roleid, answer))
+						goto done;
+					took_token = reuse && idem_max_new_keys_per_second > 0 &&
+						!req->inbox;
 
 					wrote = idem_record_restart(&rec, reuse, &start);
 					if (wrote)
-						answer_proceed(answer, &rec, &start, attempt);
+						answer_proceed(answer, &rec, &start, attempt,
+									   !req->inbox);
 				}
 				break;
 			case IDEM_ACTION_MARK_UNKNOWN:
@@ -386,27 +700,64 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 
 		/*
 		 * The record changed since it was read, or another transaction is
-		 * writing it (a completion racing this takeover, say).  With time
-		 * left to wait, wait for that transaction to end, or, when it cannot
-		 * be named, a short step, and read again.
+		 * writing it: inserting the same key, or updating, locking or
+		 * deleting the version that was read (a completion racing this
+		 * takeover, the worker, say).  A transaction that is still running
+		 * is what the claim answers in_progress for, at once, or waits for
+		 * with time left; one that ended left a record to read again.
 		 */
+		if (!TransactionIdIsValid(writer) && found)
+			writer = rec.writer_xid;
+		if (TransactionIdIsValid(writer) && !TransactionIdIsInProgress(writer))
+			writer = InvalidTransactionId;
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
+		{
+			if (TransactionIdIsValid(writer))
+			{
+				answer_busy(answer);
+				break;
+			}
 			continue;
-		if (found && TransactionIdIsValid(rec.writer_xid) &&
-			TransactionIdIsInProgress(rec.writer_xid))
-			(void) idem_xact_wait(rec.writer_xid,
+		}
+		if (TransactionIdIsValid(writer))
+			(void) idem_xact_wait(writer,
 								  (int) Min(Max(1, (deadline - now) / 1000),
 											PG_INT32_MAX));
 		else
 			sleep_until(deadline, &step_ms);
 	}
 
+done:
 	idem_restore_user(&user);
+	/* every answer of idem_claim, idem_claim_many and idem_inbox counts */
+	if (idem_stat_enabled())
+		idem_stat_count_claim(roleid, req->scope.operation, answer->outcome,
+							  GetCurrentTimestamp() - start_time);
+}
 
-	/* A claim that ended up writing nothing keeps nobody else waiting. */
-	if (have_lock && !wrote)
-		idem_key_lock_release(&lock);
+/*
+ * A claim about to create a record (a new key, or a new command on an
+ * expired record) spends a token of its role's
+ * idempotency.max_new_keys_per_second, right before the write; without one
+ * it answers rate_limited and writes nothing.  Other writes are not
+ * limited, nor is idem_inbox: a consumer's message ids come from its own
+ * queue, whose pace the consumer sets, not from a client's retries.  With
+ * the limit off this costs one comparison.
+ */
+static bool
+take_rate_token(const ClaimRequest *req, IdemAction action, Oid roleid,
+				IdemAnswer *answer)
+{
+	int32		retry_after;
+
+	if (idem_max_new_keys_per_second <= 0 || req->inbox ||
+		!idem_action_creates_record(action))
+		return true;
+	if (idem_rate_limit_take(MyDatabaseId, roleid, &retry_after))
+		return true;
+	answer_rate_limited(answer, retry_after);
+	return false;
 }
 
 /*
@@ -534,7 +885,7 @@ answer_rate_limited(IdemAnswer *answer, int32 retry_after)
  */
 static void
 answer_proceed(IdemAnswer *answer, IdemRecord *rec,
-			   const IdemAttemptStart *start, int32 attempt)
+			   const IdemAttemptStart *start, int32 attempt, bool with_token)
 {
 	IdemToken	token;
 
@@ -545,6 +896,8 @@ answer_proceed(IdemAnswer *answer, IdemRecord *rec,
 	answer->rec.state = IDEM_PROCESSING;
 	answer->rec.attempt = attempt;
 	answer->rec.recovery_point = rec->recovery_point;
+	if (!with_token)
+		return;
 
 	token.record_id = rec->id;
 	token.attempt = attempt;
@@ -636,12 +989,23 @@ empty_request_fingerprint(uint8 *digest)
 static HeapTuple
 answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 {
-	const IdemCatalog *cat = idem_catalog();
 	Datum		values[DECISION_COLUMNS];
 	bool		nulls[DECISION_COLUMNS];
+
+	answer_values(answer, values, nulls);
+	return heap_form_tuple(tupdesc, values, nulls);
+}
+
+/*
+ * The answer as the DECISION_COLUMNS values of an idem_decision row.
+ */
+static void
+answer_values(const IdemAnswer *answer, Datum *values, bool *nulls)
+{
+	const IdemCatalog *cat = idem_catalog();
 	const IdemRecord *rec = &answer->rec;
 
-	memset(nulls, true, sizeof(nulls));
+	memset(nulls, true, DECISION_COLUMNS * sizeof(bool));
 	values[0] = CStringGetTextDatum(idem_outcome_name(answer->outcome));
 	nulls[0] = false;
 	if (answer->token)
@@ -699,7 +1063,6 @@ answer_tuple(TupleDesc tupdesc, const IdemAnswer *answer)
 		values[10] = Int32GetDatum(answer->retry_after);
 		nulls[10] = false;
 	}
-	return heap_form_tuple(tupdesc, values, nulls);
 }
 
 /*
@@ -750,4 +1113,56 @@ answer_store(FunctionCallInfo fcinfo, const IdemAnswer *answer)
 	check_decision_columns(rsinfo->setDesc);
 	tuplestore_puttuple(rsinfo->setResult,
 						answer_tuple(rsinfo->setDesc, answer));
+}
+
+/*
+ * Refuse an inbox call whose message id is held by a record that only
+ * idem_claim makes: a processing attempt whose lease ended, a retryable
+ * failure or an unknown outcome under the consumer's name.  Inbox records
+ * are done at once and never get there; a consumer name that an operation
+ * of idem_claim also uses does.
+ */
+static void
+check_inbox_decision(const ClaimRequest *req, IdemDecision d,
+					 const IdemRecord *rec)
+{
+	if (d.action == IDEM_ACTION_NONE || d.action == IDEM_ACTION_INSERT ||
+		d.action == IDEM_ACTION_REUSE)
+	{
+		if (d.outcome != IDEM_OUTCOME_UNKNOWN)
+			return;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("message id of consumer \"%s\" is held by an idem_claim record in state \"%s\"",
+					text_to_cstring(req->scope.operation),
+					idem_state_name(rec->state)),
+			 errdetail("idem_inbox records are done at once; this one was made by idem_claim with the same operation name."),
+			 errhint("Use a consumer name that no idem_claim operation uses.")));
+}
+
+/*
+ * What idem_inbox answers for a claim outcome.  A tombstone (expired) is a
+ * message that was done: a duplicate.
+ */
+static const char *
+inbox_answer(IdemOutcome outcome)
+{
+	switch (outcome)
+	{
+		case IDEM_OUTCOME_PROCEED:
+			return "proceed";
+		case IDEM_OUTCOME_REPLAY:
+		case IDEM_OUTCOME_EXPIRED:
+			return "duplicate";
+		case IDEM_OUTCOME_IN_PROGRESS:
+			return "in_progress";
+		case IDEM_OUTCOME_MISMATCH:
+			return "mismatch";
+		case IDEM_OUTCOME_UNKNOWN:
+		case IDEM_OUTCOME_RATE_LIMITED:	/* the inbox is never limited */
+			break;
+	}
+	elog(ERROR, "unexpected inbox outcome %d", (int) outcome);
+	pg_unreachable();
 }

@@ -1,24 +1,47 @@
 /*-------------------------------------------------------------------------
  *
  * key_lock.c
- *	  A transaction-scoped lock on the hash of a scope and key (the calling
- *	  role included), taken by a claim before it writes.
+ *	  A short lock on the hash of a scope and key (the calling role
+ *	  included), held by a claim from the moment it finds no record until
+ *	  its new record is in the unique index, and the waits of a claim for
+ *	  another transaction that is writing its key.
  *
  * A plain INSERT ... ON CONFLICT waits until the transaction that inserted
  * the same key ends.  A claim must not: with wait = 0 it answers in_progress
- * at once.  So before writing, a claim takes this lock without waiting; a
- * claim that cannot get it knows another transaction is writing the same
- * key and has not committed yet.  The lock is released exactly when the
- * claiming transaction commits or aborts, which is also when its write
- * becomes visible or disappears.
+ * at once.  It finds out the way check_exclusion_or_unique_constraint and
+ * speculative insertion do: a probe of the unique index with a dirty
+ * snapshot shows a row that another transaction inserted and has not
+ * committed, with that transaction's id, and the transaction's own lock
+ * (the one XactLockTableWait waits on) says when it ends.
  *
- * The tag is an advisory lock tag whose fourth field is IDEM_LOCK_CLASS:
- * pg_advisory_lock() uses 1 and 2 there, so the two never collide.  In
- * pg_locks these show as locktype "advisory" with objsubid 478.
+ * The probe and the insert are not atomic, so a claim that is about to
+ * insert first takes the key lock, without waiting, and gives it back as
+ * soon as its row is in the unique index (or it decided not to insert).
+ * Two claims of one key in the same microsecond thus never both insert:
+ * the second finds the lock taken (in_progress at once, or with wait > 0 a
+ * wait of microseconds) or finds the first one's row.  A transaction holds
+ * at most one key lock at a time whatever the number of keys it claims:
+ * claims cost no lock-table entry per key, only the transaction's own id,
+ * which every writing transaction holds anyway.  Claims of existing records
+ * (takeovers, new attempts, reuse) take no key lock at all: they update the
+ * row with FOR UPDATE SKIP LOCKED, and a row being written by another
+ * transaction carries that transaction's id as its xmax.
  *
- * A claim with wait > 0 waits for the lock to be free for real (a lock wait
- * that pg_locks and the deadlock detector see) up to its deadline, then
- * reads the record again.  PostgreSQL's
+ * Subtransactions: a row inserted in a subtransaction carries the
+ * subtransaction's id; idem_xact_wait waits on that id first, so a savepoint
+ * rolled back ends the wait at once, and only then follows the
+ * subtransaction to its top-level transaction (XactLockTableWait does the
+ * same).  A prepared transaction keeps its id's lock until COMMIT PREPARED
+ * or ROLLBACK PREPARED, so a claim of a key written by one answers
+ * in_progress or waits, like any other uncommitted claim.
+ *
+ * The key lock's tag is an advisory lock tag whose fourth field is
+ * IDEM_LOCK_CLASS: pg_advisory_lock() uses 1 and 2 there, so the two never
+ * collide.  In pg_locks it shows as locktype "advisory" with objsubid 478,
+ * for the microseconds of an insert.
+ *
+ * A claim with wait > 0 waits for a lock for real (a lock wait that
+ * pg_locks and the deadlock detector see) up to its deadline.  PostgreSQL's
  * lock manager has no timed wait, so the wait runs in a subtransaction with
  * lock_timeout set, and the timeout error is caught there.  Only claims that
  * wait pay for that subtransaction.
@@ -34,6 +57,7 @@
 #include "storage/proc.h"
 #include "storage/procarray.h"
 #include "utils/resowner.h"
+#include "utils/timestamp.h"
 
 #include "key_lock.h"
 
@@ -79,22 +103,35 @@ idem_key_lock_wait(const LOCKTAG *tag, int timeout_ms)
 }
 
 /*
- * Wait up to timeout_ms for transaction xid (one that changed or locked a
- * record) to end, as XactLockTableWait waits for a row's updater, but
- * bounded.  A subtransaction's xid is waited for through its top-level
- * transaction, which holds the row until it ends.  Returns true when it
- * ended in time (or had already ended).
+ * Wait up to timeout_ms for transaction xid (one that inserted, changed or
+ * locked a record) to end, as XactLockTableWait waits for a row's writer,
+ * but bounded.  A subtransaction is waited for itself first (a rollback to
+ * its savepoint ends the wait), then through its top-level transaction,
+ * which keeps a committed subtransaction's rows until it ends.  Returns
+ * true when it ended in time (or had already ended).
  */
 bool
 idem_xact_wait(TransactionId xid, int timeout_ms)
 {
-	LOCKTAG		tag;
+	TimestampTz deadline = GetCurrentTimestamp() + (int64) timeout_ms * 1000;
 
-	if (!TransactionIdIsValid(xid) || !TransactionIdIsInProgress(xid))
-		return true;
-	xid = SubTransGetTopmostTransaction(xid);
-	SET_LOCKTAG_TRANSACTION(tag, xid);
-	return wait_for_lock(&tag, ShareLock, timeout_ms);
+	while (TransactionIdIsValid(xid) && TransactionIdIsInProgress(xid))
+	{
+		LOCKTAG		tag;
+		int64		remaining = deadline - GetCurrentTimestamp();
+
+		if (remaining <= 0)
+			return false;
+		SET_LOCKTAG_TRANSACTION(tag, xid);
+		if (!wait_for_lock(&tag, ShareLock,
+						   (int) Min(Max(1, remaining / 1000), PG_INT32_MAX)))
+			return false;
+		if (!TransactionIdIsInProgress(xid))
+			break;
+		/* a subtransaction that committed: its top-level transaction */
+		xid = SubTransGetTopmostTransaction(xid);
+	}
+	return true;
 }
 
 /*
@@ -152,8 +189,8 @@ wait_for_lock(const LOCKTAG *tag, LOCKMODE mode, int timeout_ms)
 }
 
 /*
- * Give the lock back before the transaction ends; only for a claim that
- * took it and then wrote nothing.
+ * Give the key lock back: the claim's row is in the unique index, where
+ * every later claim's probe finds it, or the claim wrote nothing.
  */
 void
 idem_key_lock_release(const LOCKTAG *tag)

@@ -222,11 +222,15 @@ idem_writer_end(IdemRecordWriter *w)
 /*
  * Whether the unique index index_oid holds an entry matching keys that is
  * live or being written, committed or not, visible to this transaction's
- * snapshot or not: what an INSERT of those keys would conflict with.
+ * snapshot or not: what an INSERT of those keys would conflict with.  When
+ * the row found is being inserted or deleted by another transaction that
+ * has not ended, *writer is set to that transaction's id (as the dirty
+ * snapshot reports it, as check_exclusion_or_unique_constraint reads it),
+ * else to InvalidTransactionId.
  */
 bool
 idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid, ScanKey keys,
-					  int nkeys)
+					  int nkeys, TransactionId *writer)
 {
 	SnapshotData dirty;
 	IndexScanDesc scan;
@@ -238,6 +242,9 @@ idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid, ScanKey keys,
 	found = index_getnext_slot(scan, ForwardScanDirection, w->old_slot);
 	index_endscan(scan);
 	ExecClearTuple(w->old_slot);
+	*writer = InvalidTransactionId;
+	if (found)
+		*writer = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
 	return found;
 }
 

@@ -37,7 +37,8 @@ extern void idem_writer_start(IdemRecordWriter *w, CmdType operation,
 							  const AttrNumber *set_columns, int ncolumns);
 extern void idem_writer_end(IdemRecordWriter *w);
 extern bool idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid,
-								  ScanKey keys, int nkeys);
+								  ScanKey keys, int nkeys,
+								  TransactionId *writer);
 extern int64 idem_writer_next_id(IdemRecordWriter *w);
 extern Datum *idem_writer_new_row(IdemRecordWriter *w, bool **nulls,
 								  bool from_old);

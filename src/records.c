@@ -296,15 +296,20 @@ idem_record_fetch_by_id(int64 id, text *role, bool any_role, IdemRecord *rec)
 }
 
 /*
- * Insert attempt 1 of a new command.  Returns false, writing nothing, when
- * a record of the same scope and key was committed since it was read (its
- * writer held the key lock until then); under REPEATABLE READ or
- * SERIALIZABLE that is a serialization failure, as for INSERT ... ON
- * CONFLICT.
+ * Insert attempt 1 of a new command (processing, with a token and a lease),
+ * or an inbox message (start->finished: succeeded at once, without token,
+ * lease or response).  The caller holds the key lock (key_lock.c).
+ *
+ * Returns false, writing nothing, when the unique index already holds a
+ * record of the same scope and key that the read did not see: one that
+ * another transaction is inserting or deleting and has not ended yet
+ * (*writer is then that transaction), or one committed since the read
+ * (*writer is InvalidTransactionId; under REPEATABLE READ or SERIALIZABLE
+ * that is a serialization failure, as for INSERT ... ON CONFLICT).
  */
 bool
 idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
-				   int64 *id)
+				   int64 *id, TransactionId *writer)
 {
 	const IdemCatalog *cat = idem_catalog();
 	IdemRecordWriter w;
@@ -318,9 +323,9 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 	idem_writer_start(&w, CMD_INSERT, NULL, 0);
 	scope_keys(scope, keys);
 	if (idem_writer_key_taken(&w, cat->scope_index_oid, keys,
-							  RECORD_SCOPE_COLUMNS))
+							  RECORD_SCOPE_COLUMNS, writer))
 	{
-		if (IsolationUsesXactSnapshot())
+		if (IsolationUsesXactSnapshot() && !TransactionIdIsValid(*writer))
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 					 errmsg("could not serialize access due to concurrent update"),
@@ -341,12 +346,19 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 	set_column(values, nulls, col[COL_FINGERPRINT],
 			   bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN));
 	set_column(values, nulls, col[COL_STATE],
-			   ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]));
+			   ObjectIdGetDatum(cat->state_oids[start->finished ?
+												IDEM_SUCCEEDED : IDEM_PROCESSING]));
 	set_column(values, nulls, col[COL_ATTEMPT], Int32GetDatum(1));
-	set_column(values, nulls, col[COL_ATTEMPT_TOKEN],
-			   bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN));
-	set_column(values, nulls, col[COL_LOCKED_UNTIL],
-			   TimestampTzGetDatum(start->locked_until));
+	if (start->finished)
+		set_column(values, nulls, col[COL_COMPLETED_AT],
+				   TimestampTzGetDatum(start->now));
+	else
+	{
+		set_column(values, nulls, col[COL_ATTEMPT_TOKEN],
+				   bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN));
+		set_column(values, nulls, col[COL_LOCKED_UNTIL],
+				   TimestampTzGetDatum(start->locked_until));
+	}
 	set_column(values, nulls, col[COL_ON_LEASE_EXPIRY],
 			   ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]));
 	set_column(values, nulls, col[COL_TTL], IntervalPGetDatum(start->ttl));
@@ -365,8 +377,10 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
  * Start a new attempt on an existing record: reuse of an expired record
  * (attempt 1, new fingerprint, recovery point cleared), a takeover of an
  * ended lease or a new attempt after a retryable failure (attempt n+1,
- * recovery point kept).  rec is the version the decision was made on; on
- * success rec->recovery_point is set to what the new attempt resumes from.
+ * recovery point kept).  An inbox message (start->finished) reuses an
+ * expired record as a succeeded one at once, without token or lease.  rec
+ * is the version the decision was made on; on success rec->recovery_point
+ * is set to what the new attempt resumes from.
  * Returns false, writing nothing, when the record changed since it was read
  * or another transaction is writing it.
  */
@@ -376,20 +390,30 @@ idem_record_restart(IdemRecord *rec, bool reuse,
 {
 	const IdemCatalog *cat = idem_catalog();
 	MemoryContext caller = CurrentMemoryContext;
-	Datum		values[14];
-	char		nulls[14];
+	Datum		values[15];
+	char		nulls[15];
 	bool		isnull;
 	Datum		point;
 
+	Assert(!start->finished || reuse);
 	memset(nulls, ' ', sizeof(nulls));
 	values[0] = Int64GetDatum(rec->id);
 	values[1] = Int32GetDatum(rec->attempt);
 	values[2] = bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN);
-	values[3] = ObjectIdGetDatum(cat->state_oids[IDEM_PROCESSING]);
+	values[3] = ObjectIdGetDatum(cat->state_oids[start->finished ?
+												 IDEM_SUCCEEDED : IDEM_PROCESSING]);
 	values[4] = Int32GetDatum(reuse ? 1 : rec->attempt + 1);
 	values[5] = bytes_datum(start->secret, IDEM_TOKEN_SECRET_LEN);
 	values[6] = BoolGetDatum(reuse);
 	values[7] = TimestampTzGetDatum(start->locked_until);
+	values[14] = TimestampTzGetDatum(start->now);
+	if (start->finished)
+	{
+		/* an inbox record: no token, no lease; completed now */
+		nulls[5] = nulls[7] = 'n';
+	}
+	else
+		nulls[14] = 'n';
 	values[8] = ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]);
 	values[9] = IntervalPGetDatum(start->ttl);
 	values[10] = TimestampTzGetDatum(start->now);
@@ -681,7 +705,7 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 	const char *clear_exact = exact ?
 		" response_raw_body = NULL, response_sealed = NULL," : "";
 	StringInfoData sql;
-	Oid			types[14];
+	Oid			types[15];
 	int			nargs;
 	SPIPlanPtr	plan;
 
@@ -705,7 +729,7 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 							 " locked_until = $8, on_lease_expiry = $9, ttl = $10,"
 							 " response_status = NULL, response_headers = NULL,"
 							 " response_body = NULL, resource_id = NULL,%s"
-							 " claimed_at = $11, updated_at = $11, completed_at = NULL,"
+							 " claimed_at = $11, updated_at = $11, completed_at = $15,"
 							 " expires_at = $12"
 							 " WHERE id" EQ "(SELECT id FROM %s WHERE id" EQ "$1"
 							 " AND state" EQ "$13 AND attempt" EQ "$2"
@@ -726,7 +750,8 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 			types[10] = types[11] = TIMESTAMPTZOID;
 			types[12] = cat->state_type;
 			types[13] = BOOLOID;
-			nargs = 14;
+			types[14] = TIMESTAMPTZOID;
+			nargs = 15;
 			break;
 		case PLAN_MARK_UNKNOWN:
 			appendStringInfo(&sql,

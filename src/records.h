@@ -68,6 +68,8 @@ typedef struct IdemAttemptStart
 	TimestampTz expires_at;
 	Interval   *ttl;
 	IdemLeasePolicy on_lease_expiry;
+	bool		finished;		/* an inbox record: succeeded at once, no
+								 * token, lease or response */
 } IdemAttemptStart;
 
 /* The answer an attempt or an operator stores. */
@@ -99,7 +101,8 @@ extern void idem_record_open_response(IdemRecord *rec);
 extern bool idem_record_fetch_by_id(int64 id, text *role, bool any_role,
 									IdemRecord *rec);
 extern bool idem_record_insert(const IdemScope *scope,
-							   const IdemAttemptStart *start, int64 *id);
+							   const IdemAttemptStart *start, int64 *id,
+							   TransactionId *writer);
 extern bool idem_record_restart(IdemRecord *rec, bool reuse,
 								const IdemAttemptStart *start);
 extern bool idem_record_mark_unknown(const IdemRecord *rec, TimestampTz now);

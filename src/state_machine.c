@@ -18,14 +18,17 @@
  *	 succeeded,  reuse once expired			   -		  -		  -			 -
  *	 failed		 (attempt 1)
  *
- * A record is born processing at attempt 1, except when it is loaded by a
+ * A record is born processing at attempt 1, or succeeded at attempt 1
+ * without a response (idem_inbox: a consumer's message id, recorded as done
+ * in the transaction that applies it), except when it is loaded by a
  * COPY FROM statement: that is how pg_restore and psql bring back dumped
  * records, in whatever state they were dumped (only roles that may write
  * the table, that is its owner, can run it; they could as well disable the
  * trigger).
  *
  * Role, scope, key, id and created_at never change; the fingerprint changes only
- * when an expired record is reused for a new command.  An update that keeps
+ * when an expired record is reused for a new command (by idem_inbox, straight
+ * to succeeded at attempt 1).  An update that keeps
  * a finished or unknown state (an operator extending expires_at, say) is not
  * a transition and is allowed.
  *
@@ -82,6 +85,8 @@ typedef struct GuardColumns
 	AttrNumber	state;
 	AttrNumber	attempt;
 	AttrNumber	locked_until;
+	AttrNumber	attempt_token;
+	AttrNumber	response_status;
 	AttrNumber	created_at;
 	AttrNumber	expires_at;
 } GuardColumns;
@@ -95,6 +100,7 @@ static void invalidate_columns(Datum arg pg_attribute_unused(), Oid relid);
 static Datum get_column(HeapTuple tuple, TupleDesc tupdesc, AttrNumber attnum,
 						bool *isnull);
 static bool loading_with_copy(void);
+static bool response_empty(HeapTuple tuple, TupleDesc tupdesc);
 static bool same_bytes(Datum a, Datum b);
 static bool same_scalar(HeapTuple a, HeapTuple b, TupleDesc tupdesc,
 						AttrNumber attnum);
@@ -148,6 +154,11 @@ idem_check_change(const IdemChange *change)
 	IdemState	from = change->old_state;
 	IdemState	to = change->new_state;
 	bool		expired = change->old_expires_at <= change->now;
+
+	/* An expired record reused by idem_inbox: done at once, attempt 1. */
+	if (to == IDEM_SUCCEEDED && idem_state_is_finished(from) && expired &&
+		change->new_attempt == 1 && change->new_response_empty)
+		return;
 
 	/* Keeping a finished or unknown state is not a transition. */
 	if (from == to && from != IDEM_PROCESSING)
@@ -245,14 +256,17 @@ idem_records_guard(PG_FUNCTION_ARGS)
 
 	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 	{
-		if ((new_state != IDEM_PROCESSING || new_attempt != 1) &&
+		bool		inbox = new_state == IDEM_SUCCEEDED &&
+			response_empty(newtuple, tupdesc);
+
+		if (((new_state != IDEM_PROCESSING && !inbox) || new_attempt != 1) &&
 			!loading_with_copy())
 			ereport(ERROR,
 					(errcode(ERRCODE_CHECK_VIOLATION),
 					 errmsg("invalid new idempotency record"),
-					 errdetail("A record is created in state \"processing\" at attempt 1, not in state \"%s\" at attempt %d.",
+					 errdetail("A record is created in state \"processing\" at attempt 1 (or \"succeeded\" without a response, by idem_inbox), not in state \"%s\" at attempt %d.",
 							   idem_state_name(new_state), new_attempt),
-					 errhint("Create records with idem_claim().")));
+					 errhint("Create records with idem_claim() or idem_inbox().")));
 		return PointerGetDatum(newtuple);
 	}
 
@@ -303,11 +317,31 @@ idem_records_guard(PG_FUNCTION_ARGS)
 		locked = get_column(oldtuple, tupdesc, columns.locked_until, &isnull);
 		change.old_locked_until = isnull ? DT_NOBEGIN : DatumGetTimestampTz(locked);
 		change.now = GetCurrentTimestamp();
+		change.new_response_empty = response_empty(newtuple, tupdesc);
 
 		idem_check_change(&change);
 	}
 
 	return PointerGetDatum(newtuple);
+}
+
+/*
+ * Whether a row holds no response status, token or lease: what an inbox
+ * record, done at once, looks like.
+ */
+static bool
+response_empty(HeapTuple tuple, TupleDesc tupdesc)
+{
+	bool		isnull;
+
+	(void) get_column(tuple, tupdesc, columns.response_status, &isnull);
+	if (!isnull)
+		return false;
+	(void) get_column(tuple, tupdesc, columns.attempt_token, &isnull);
+	if (!isnull)
+		return false;
+	(void) get_column(tuple, tupdesc, columns.locked_until, &isnull);
+	return isnull;
 }
 
 /*
@@ -358,6 +392,8 @@ find_columns(Relation rel)
 	found.state = idem_column_number(tupdesc, "state");
 	found.attempt = idem_column_number(tupdesc, "attempt");
 	found.locked_until = idem_column_number(tupdesc, "locked_until");
+	found.attempt_token = idem_column_number(tupdesc, "attempt_token");
+	found.response_status = idem_column_number(tupdesc, "response_status");
 	found.created_at = idem_column_number(tupdesc, "created_at");
 	found.expires_at = idem_column_number(tupdesc, "expires_at");
 	found.relid = RelationGetRelid(rel);

@@ -47,6 +47,7 @@ typedef struct IdemChange
 	TimestampTz old_expires_at;
 	TimestampTz old_locked_until;	/* DT_NOBEGIN when NULL */
 	TimestampTz now;
+	bool		new_response_empty; /* no status, token or lease (inbox) */
 } IdemChange;
 
 extern const char *idem_state_name(IdemState state);

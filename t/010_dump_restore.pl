@@ -130,12 +130,14 @@ foreach my $db ('restored', 'restored_sql')
 		'proceed', "$db: records stay with their role");
 }
 
-# The guard still rejects raw inserts of finished records outside a restore.
+# The guard still rejects raw inserts of finished records (with an answer:
+# one without is what idem_inbox writes) outside a restore.
 my ($ret, $stdout, $stderr) = $node->psql('restored', q{
 	INSERT INTO idem_records (role, tenant, caller, operation, key, fingerprint, state, attempt,
-	                          on_lease_expiry, ttl, created_at, claimed_at, updated_at, expires_at)
+	                          on_lease_expiry, ttl, response_status, created_at, claimed_at,
+	                          updated_at, expires_at)
 	VALUES ('app', '', 'app', 'op', 'raw', sha256(''), 'succeeded', 1, 'unknown', '1 day',
-	        now(), now(), now(), now() + '1 day')});
+	        201, now(), now(), now(), now() + '1 day')});
 like($stderr, qr/invalid new idempotency record/, 'a raw INSERT of a finished record is still refused');
 
 $node->stop;

@@ -172,14 +172,19 @@ def payments_for(db, key):
 
 
 def wait_for_claim_lock(db, timeout=20.0):
-    """True once a claim holds its key lock (README, "Locks"): the first
-    request has claimed and is inside its handler.  Any claim in the
-    database counts: this test must be the only client of its database."""
+    """True once a transaction that wrote idem_records has not committed
+    yet (docs/api.md, "Locks": it holds ROW EXCLUSIVE on the table until it
+    ends): the first request has claimed and is inside its handler.  Any
+    claim in the database counts: this test must be the only client of its
+    database."""
     deadline = time.monotonic() + timeout
     with db.cursor() as cur:
         while time.monotonic() < deadline:
             cur.execute("""SELECT count(*) FROM pg_locks
-                            WHERE locktype = 'advisory' AND objsubid = 478 AND granted
+                            WHERE locktype = 'relation' AND mode = 'RowExclusiveLock' AND granted
+                              AND pid <> pg_backend_pid()
+                              AND relation = (SELECT oid FROM pg_class
+                                               WHERE relname = 'idem_records' AND relkind = 'r')
                               AND database = (SELECT oid FROM pg_database
                                                WHERE datname = current_database())""")
             if cur.fetchone()[0] > 0:

@@ -122,15 +122,18 @@ async function paymentsFor(key) {
   return rows.map((row) => row.id);
 }
 
-// True once a claim holds its key lock (README, "Locks"): the first request
-// has claimed and is inside its handler.  Any claim in the database counts:
-// this test must be the only client of its database.
+// True once a transaction that wrote idem_records has not committed yet
+// (docs/api.md, "Locks": it holds ROW EXCLUSIVE on the table until it ends):
+// the first request has claimed and is inside its handler.  Any claim in the
+// database counts: this test must be the only client of its database.
 async function waitForClaimLock(ms) {
   const deadline = Date.now() + ms;
   while (Date.now() < deadline) {
     const { rows: [{ n }] } = await db.query(`
       SELECT count(*)::int AS n FROM pg_locks
-       WHERE locktype = 'advisory' AND objsubid = 478 AND granted
+       WHERE locktype = 'relation' AND mode = 'RowExclusiveLock' AND granted
+         AND pid <> pg_backend_pid()
+         AND relation = (SELECT oid FROM pg_class WHERE relname = 'idem_records' AND relkind = 'r')
          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`);
     if (n > 0) return true;
     await sleep(50);
