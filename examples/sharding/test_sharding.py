@@ -431,6 +431,8 @@ def main():
         fresh_admin.close()
     finally:
         query(admin, "ALTER DATABASE %s ALLOW_CONNECTIONS true" % down)
+    print("       (the call to the shard that is down: %s; stats(): %s)" % (state_down, state_all),
+          flush=True)
     after = query(app, "SELECT outcome FROM pay(%s, 'while-down', 7, 'EUR')", (tenant,))
     check("a shard that is down: its tenant's call raises, another shard's call proceeds, and"
           " stats() raises rather than answer without it; once it is up the call proceeds",
