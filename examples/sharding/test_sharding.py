@@ -413,6 +413,21 @@ def main():
           and roles == [("idem_app", "processing"), ("idem_other", "processing")],
           "%s, %s, %r" % (theirs, state, roles))
     other_app.close()
+    # After SET ROLE on the proxy, the shard sees the role set, not the
+    # session's: the role that is current when the proxy function runs,
+    # even when the proxy backend already has a connection to that shard
+    # for the session's role.
+    set_role = connect(args.proxy, "postgres")
+    query(set_role, "SELECT * FROM claim(%s, 'roles.check', 'before-set-role', NULL, '5min')",
+          (tenant,))
+    query(set_role, "SET ROLE idem_other")
+    query(set_role, "SELECT * FROM claim(%s, 'roles.check', 'set-role', NULL, '5min')", (tenant,))
+    set_role.close()
+    roles = query(shards[home[tenant]], "SELECT key, role FROM idem_records"
+                                        " WHERE operation = 'roles.check' AND key LIKE '%%set-role'"
+                                        " ORDER BY key")
+    check("  ... and after SET ROLE on the proxy, PL/Proxy connects as the role set",
+          roles == [("before-set-role", "postgres"), ("set-role", "idem_other")], repr(roles))
 
     # -- A shard that is down: a call routed to it raises an error and
     # changes nothing; calls of the other shards go on; a call gathered from
