@@ -10,7 +10,11 @@ use Test::More;
 
 my $primary = PostgreSQL::Test::Cluster->new('primary');
 $primary->init(allows_streaming => 1);
-$primary->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
+# The worker serves no database here: in "postgres" (the default) its first
+# cycle would expire key-expired's lease on the primary, and the standby
+# would replay the record as unknown before the test reads it.
+$primary->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'\n"
+	. "idempotency.database = 'no_such_database'");
 $primary->start;
 $primary->safe_psql('postgres', q{
 	CREATE EXTENSION idempotency;
