@@ -17,9 +17,12 @@ SHARDING_SHARD_DBS=(idem_shard0 idem_shard1 idem_shard2 idem_shard3)
 # PostgreSQL of $PG_CONFIG has its files: the package installs them into
 # the system PostgreSQL's folders, which are $PG_CONFIG's own for Debian's
 # server but not for a PostgreSQL installed elsewhere, into which they are
-# copied when missing or different.
+# copied when missing or different.  A file is replaced by a complete copy
+# renamed over it, never rewritten in place: a running server of that tree
+# may have the old plproxy.so loaded, and a second run copying at the same
+# time sees the old file or the new one, never half of it.
 sharding_install_plproxy() {
-    local pkglibdir extdir f dest
+    local pkglibdir extdir f dest tmp
     install_packages postgresql-15-plproxy || return
     pkglibdir=$("$PG_CONFIG" --pkglibdir)
     extdir=$("$PG_CONFIG" --sharedir)/extension
@@ -32,7 +35,11 @@ sharding_install_plproxy() {
         [ -f "$f" ] || continue
         if ! cmp -s "$f" "$dest/${f##*/}"; then
             log "copying ${f##*/} into $dest"
-            as_root install -m 644 "$f" "$dest/" || return
+            tmp=$(as_root mktemp "$dest/.${f##*/}.XXXXXX") || return
+            if ! as_root install -m 644 "$f" "$tmp" || ! as_root mv -f "$tmp" "$dest/${f##*/}"; then
+                as_root rm -f "$tmp"
+                return 1
+            fi
         fi
     done
 }

@@ -63,6 +63,11 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     self shard_self;
 BEGIN
+    IF tenant IS NULL THEN
+        -- hashtext(NULL) is NULL, which the comparison below would let by
+        RAISE EXCEPTION 'tenant must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     SELECT * INTO STRICT self FROM shard_self;
     IF (hashtext(tenant) & (self.partitions - 1)) <> self.partition THEN
         RAISE EXCEPTION 'tenant "%" does not belong to this shard', tenant
@@ -71,6 +76,49 @@ BEGIN
                                   self.partition, self.partitions,
                                   hashtext(tenant) & (self.partitions - 1)),
                   HINT = 'Call through the proxy database.';
+    END IF;
+END
+$$;
+
+-- Refuse a token sent with another tenant than the one it was claimed for.
+-- The token names a record of this shard by its id; shard_token_tenant()
+-- reads the record's tenant, which the application role cannot read
+-- itself (it has no privilege on idem_records): SECURITY DEFINER, with its
+-- search_path pinned to the extension's schema, and answering only about
+-- records of a role the session may act as.  A token that names no record
+-- of the role passes here, and idem_complete or idem_fail refuses it.
+DO $do$
+BEGIN
+    EXECUTE format($f$
+CREATE FUNCTION shard_token_tenant(token text, owner_role text) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = %I, pg_temp AS $body$
+BEGIN
+    IF NOT pg_catalog.pg_has_role(session_user, owner_role, 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to read the records of role "%%"', owner_role
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF token !~ '^[0-9]{1,18}[.]' THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT r.tenant FROM idem_records r
+             WHERE r.id = split_part(token, '.', 1)::bigint AND r.role = owner_role);
+END
+$body$$f$,
+    (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+      WHERE e.extname = 'idempotency'));
+END
+$do$;
+
+CREATE FUNCTION shard_check_token(tenant text, token text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    claimed_for text := shard_token_tenant(token, current_user::text);
+BEGIN
+    IF claimed_for IS NOT NULL AND claimed_for IS DISTINCT FROM tenant THEN
+        RAISE EXCEPTION 'attempt token belongs to another tenant'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The token names an attempt claimed for another tenant of this shard.',
+                  HINT = 'Send the token with the tenant of its claim.';
     END IF;
 END
 $$;
@@ -138,6 +186,7 @@ CREATE FUNCTION complete(tenant text, token text, http_status integer, body json
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM shard_check(complete.tenant);
+    PERFORM shard_check_token(complete.tenant, complete.token);
     PERFORM idem_complete(complete.token, complete.http_status, complete.body,
                           resource_id => complete.resource_id);
     RETURN true;
@@ -149,6 +198,7 @@ CREATE FUNCTION fail(tenant text, token text, http_status integer, body jsonb,
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM shard_check(fail.tenant);
+    PERFORM shard_check_token(fail.tenant, fail.token);
     PERFORM idem_fail(fail.token, fail.http_status, fail.body, retryable => fail.retryable);
     RETURN true;
 END
@@ -212,9 +262,9 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION shard_check, pay, claim, complete, fail, replay, shard_stats,
+REVOKE ALL ON FUNCTION shard_check, shard_token_tenant, shard_check_token, pay, claim, complete, fail, replay, shard_stats,
                        shard_list, shard_stat_operations FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION shard_check, pay, claim, complete, fail, replay, shard_list
+GRANT EXECUTE ON FUNCTION shard_check, shard_token_tenant, shard_check_token, pay, claim, complete, fail, replay, shard_list
     TO idem_app;
 
 COMMIT;

@@ -33,7 +33,6 @@ PAY_KEYS = 6        # payment keys per tenant
 SHIP_KEYS = 3       # shipment keys per tenant
 SENDS = 3           # each key is sent this many times, by different clients
 CLIENTS = 8
-RETRY_LIMIT = 2000  # in_progress answers before a client gives up on a key
 
 passed = 0
 failed = 0
@@ -91,7 +90,12 @@ def run_clients(proxy, items, call):
         try:
             conn = connect(proxy, "idem_app")
             for item in items:
-                for _ in range(RETRY_LIMIT):
+                # Until the answer is not in_progress: the claim of the
+                # client that proceeds ends when that client completes it,
+                # however slow the machine (a count of retries would depend
+                # on its speed); the suite's time limit bounds a key that
+                # stays in progress for good.
+                while True:
                     answer = call(conn, item)
                     if answer[0] != "in_progress":
                         break
@@ -229,6 +233,48 @@ def main():
           query(app, "SELECT outcome, resource_id FROM replay(%s, 'shipments.create', 'routed')",
                 (tenant,)) == [("replay", "routed")])
 
+    # ... and with another tenant of the same shard: the shard checks that
+    # the token names an attempt of that tenant, so the call is refused
+    # wherever the other tenant hashes.
+    neighbour = next(t for t in TENANTS if t != tenant and home[t] == home[tenant])
+    token = query(app, "SELECT token FROM claim(%s, 'shipments.create', 'neighbour', NULL,"
+                       " '5min')", (tenant,))[0][0]
+    state = sqlstate_of(lambda: query(app, "SELECT complete(%s, %s, 201, NULL, NULL)",
+                                      (neighbour, token)))
+    state_fail = sqlstate_of(lambda: query(app, "SELECT fail(%s, %s, 500, NULL, true)",
+                                           (neighbour, token)))
+    still = query(app, "SELECT outcome FROM replay(%s, 'shipments.create', 'neighbour')",
+                  (tenant,))
+    check("a token completed or failed with another tenant of its own shard raises 55000"
+          " and changes nothing", state == "55000" and state_fail == "55000"
+          and still == [("in_progress",)], "%s, %s, %r" % (state, state_fail, still))
+
+    # A NULL tenant: the proxy cannot route it, and a shard called directly
+    # refuses it (hashtext(NULL) is NULL, which no partition check may let
+    # through).
+    own_app = connect(shard_dbs[home[tenant]], "idem_app")
+    state_proxy = sqlstate_of(lambda: query(app, "SELECT complete(NULL, %s, 201, NULL, NULL)",
+                                            (token,)))
+    state_direct = sqlstate_of(lambda: query(own_app, "SELECT complete(NULL, %s, 201, NULL, NULL)",
+                                             (token,)))
+    still = query(app, "SELECT outcome FROM replay(%s, 'shipments.create', 'neighbour')",
+                  (tenant,))
+    check("a NULL tenant is refused by the proxy and by the shard (22004), and changes nothing",
+          state_proxy is not None and state_direct == "22004" and still == [("in_progress",)],
+          "%s, %s, %r" % (state_proxy, state_direct, still))
+    own_app.close()
+
+    # Garbled tokens and odd tenants: a clear error, nothing changed.
+    garbled = ["", "x", token + "0", token.split(".")[0] + ".1." + "0" * 32,
+               "99999999999999999999.1." + "0" * 32, "1.1.zz", token.replace(".", ";")]
+    states = [sqlstate_of(lambda: query(app, "SELECT complete(%s, %s, 201, NULL, NULL)",
+                                        (tenant, g))) for g in garbled]
+    still = query(app, "SELECT outcome FROM replay(%s, 'shipments.create', 'neighbour')",
+                  (tenant,))
+    check("garbled or forged tokens raise an error (22023 or 55000) and change nothing",
+          all(s in ("22023", "55000", "22P02", "22003") for s in states)
+          and still == [("in_progress",)], "%r, %r" % (states, still))
+    query(app, "SELECT complete(%s, %s, 201, NULL, 'neighbour')", (tenant, token))
     # A call that reaches the wrong shard (here, directly) writes nothing.
     wrong = shards[(home[tenant] + 1) % len(shards)]
     wrong_app = connect(shard_dbs[(home[tenant] + 1) % len(shards)], "idem_app")
@@ -269,8 +315,8 @@ def main():
     check("stats() sums idem_stats over the shards: %d payment records, on all shards" % n_payments,
           stats.get(("payments.create", "succeeded")) == (n_payments, len(shards)),
           repr(stats))
-    check("  ... and %d shipments" % (len(ship_keys) + 1),
-          stats.get(("shipments.create", "succeeded")) == (len(ship_keys) + 1, len(shards)),
+    check("  ... and %d shipments" % (len(ship_keys) + 2),
+          stats.get(("shipments.create", "succeeded")) == (len(ship_keys) + 2, len(shards)),
           repr(stats))
 
     # -- Resharding: doubling to eight partitions splits partition p into p
@@ -345,6 +391,90 @@ def main():
               sorted(rows) == sorted((shard_dbs[i], n) for i, n in per_shard.items()), repr(rows))
     else:
         print("skip   stat_operations(): the extension has no idem_stat_operations yet", flush=True)
+
+    # -- Roles: PL/Proxy connects to the shard as the role that called the
+    # proxy function (no user= in the connection strings), so records are
+    # scoped by that role on the shard as on one server.  idem_other has
+    # idem_app's privileges (a member of it) but is another role.
+    query(admin, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idem_other')"
+                 " THEN CREATE ROLE idem_other LOGIN IN ROLE idem_app; END IF; END $$")
+    other_app = connect(args.proxy, "idem_other")
+    token = query(app, "SELECT token FROM claim(%s, 'roles.check', 'mine', NULL, '5min')",
+                  (tenant,))[0][0]
+    theirs = query(other_app, "SELECT outcome FROM claim(%s, 'roles.check', 'mine', NULL, '5min')",
+                   (tenant,))[0][0]
+    state = sqlstate_of(lambda: query(other_app, "SELECT complete(%s, %s, 201, NULL, NULL)",
+                                      (tenant, token)))
+    roles = query(shards[home[tenant]], "SELECT role, state::text FROM idem_records"
+                                        " WHERE operation = 'roles.check' ORDER BY role")
+    check("through the proxy, another role's claim of the same key is its own (proceed), and it"
+          " cannot complete the first role's token (55000)",
+          theirs == "proceed" and state == "55000"
+          and roles == [("idem_app", "processing"), ("idem_other", "processing")],
+          "%s, %s, %r" % (theirs, state, roles))
+    other_app.close()
+    # After SET ROLE on the proxy, the shard sees the role set, not the
+    # session's: the role that is current when the proxy function runs,
+    # even when the proxy backend already has a connection to that shard
+    # for the session's role.
+    set_role = connect(args.proxy, "postgres")
+    query(set_role, "SELECT * FROM claim(%s, 'roles.check', 'before-set-role', NULL, '5min')",
+          (tenant,))
+    query(set_role, "SET ROLE idem_other")
+    query(set_role, "SELECT * FROM claim(%s, 'roles.check', 'set-role', NULL, '5min')", (tenant,))
+    set_role.close()
+    roles = query(shards[home[tenant]], "SELECT key, role FROM idem_records"
+                                        " WHERE operation = 'roles.check' AND key LIKE '%%set-role'"
+                                        " ORDER BY key")
+    check("  ... and after SET ROLE on the proxy, PL/Proxy connects as the role set",
+          roles == [("before-set-role", "postgres"), ("set-role", "idem_other")], repr(roles))
+
+    # -- A shard that is down: a call routed to it raises an error and
+    # changes nothing; calls of the other shards go on; a call gathered from
+    # all shards raises rather than answer without the missing shard.
+    down = shard_dbs[home[tenant]]
+    up_tenant = next(t for t in TENANTS if home[t] != home[tenant])
+    query(admin, "ALTER DATABASE %s ALLOW_CONNECTIONS false" % down)
+    try:
+        fresh = connect(args.proxy, "idem_app")     # no connection to the shard yet
+        fresh_admin = connect(args.proxy, "postgres")
+        state_down = sqlstate_of(lambda: query(fresh, "SELECT * FROM pay(%s, 'while-down', 7,"
+                                                      " 'EUR')", (tenant,)))
+        up = query(fresh, "SELECT outcome FROM pay(%s, 'while-down', 7, 'EUR')", (up_tenant,))
+        state_all = sqlstate_of(lambda: query(fresh_admin, "SELECT * FROM stats()"))
+        fresh.close()
+        fresh_admin.close()
+    finally:
+        query(admin, "ALTER DATABASE %s ALLOW_CONNECTIONS true" % down)
+    print("       (the call to the shard that is down: %s; stats(): %s)" % (state_down, state_all),
+          flush=True)
+    after = query(app, "SELECT outcome FROM pay(%s, 'while-down', 7, 'EUR')", (tenant,))
+    check("a shard that is down: its tenant's call raises, another shard's call proceeds, and"
+          " stats() raises rather than answer without it; once it is up the call proceeds",
+          state_down is not None and up == [("proceed",)] and state_all is not None
+          and after == [("proceed",)], "%s, %r, %s, %r" % (state_down, up, state_all, after))
+
+    # -- Odd tenants through the proxy.
+    odd = {"": None, " " + tenant: None, tenant + " ": None, "t\u00e9nant": None,
+           "te\u0301nant": None, "\U0001f600": None}
+    for t in odd:
+        odd[t] = query(app, "SELECT outcome FROM pay(%s, 'odd', 5, 'EUR')", (t,))[0][0]
+    placed = collections.defaultdict(set)
+    for i, conn in enumerate(shards):
+        for (t,) in query(conn, "SELECT tenant FROM payments WHERE idempotency_key = 'odd'"):
+            placed[t].add(i)
+    want = dict(query(admin, "SELECT t, hashtext(t) & %s FROM unnest(%s::text[]) t",
+                      (len(shard_dbs) - 1, list(odd))))
+    check("empty, space-padded and unicode tenants (composed and not) are distinct tenants,"
+          " each paid once on the shard it hashes to",
+          set(odd.values()) == {"proceed"} and {t: s for t, s in placed.items()}
+          == {t: {want[t]} for t in odd}, "%r, %r" % (odd, dict(placed)))
+    huge = "t" * 100000
+    state = sqlstate_of(lambda: query(app, "SELECT * FROM pay(%s, 'huge', 5, 'EUR')", (huge,)))
+    count = sum(query(c, "SELECT count(*) FROM payments WHERE idempotency_key = 'huge'")[0][0]
+                for c in shards)
+    check("a tenant longer than the limit raises 22023 through the proxy and pays nothing",
+          state == "22023" and count == 0, "%s, %d" % (state, count))
 
     print("%d passed, %d failed" % (passed, failed), flush=True)
     return 1 if failed else 0
