@@ -35,7 +35,7 @@
 #                machine shared with other work.
 #
 #   quick        all six, small: a smoke test of a few minutes.
-#   full         all six at full size (about 50 minutes on 2 cores).
+#   full         all six at full size (about 70 minutes on 2 cores).
 #
 # Environment (defaults for full / quick; a single part uses full's):
 #   PG_CONFIG, KEEP_TMP=1 (scripts/lib.sh), REPORT=file (also write the report there)
@@ -107,8 +107,8 @@ if has_part instructions; then
     install_packages valgrind
     as_postgres mkdir -p "$IDEM_TMP/cg"
     IDEM_POSTGRES=$IDEM_TMP/postgres-callgrind
-    printf '#!/bin/sh\nexec valgrind --quiet --tool=callgrind --callgrind-out-file=%s/cg/cg.%%p %s/postgres "$@"\n' \
-        "$IDEM_TMP" "$("$PG_CONFIG" --bindir)" | as_postgres tee "$IDEM_POSTGRES" >/dev/null
+    printf '#!/bin/sh\nTMPDIR=%s exec valgrind --quiet --tool=callgrind --callgrind-out-file=%s/cg/cg.%%p %s/postgres "$@"\n' \
+        "$IDEM_TMP" "$IDEM_TMP" "$("$PG_CONFIG" --bindir)" | as_postgres tee "$IDEM_POSTGRES" >/dev/null
     as_postgres chmod 755 "$IDEM_POSTGRES"
     export IDEM_POSTGRES
     start_cluster "idempotency.database = 'bench'" "idempotency.naptime = '1h'" \
@@ -162,13 +162,15 @@ worker_setting() {
 # COPY n finished records (succeeded, with a response) into db's idem_records,
 # numbered from..to, with keys spread over the key space of the new-key
 # workload ('n-<client>-<number>-...').  age "live": expires in a day; age
-# "expired": expired a day ago (well past cleanup_grace).  COPY FROM is the
+# "expired": expired nine days ago, past cleanup_grace and tombstone_ttl
+# (10 min and 7 days by default), so that cleanup deletes it (a record
+# expired less than tombstone_ttl ago is only purged).  COPY FROM is the
 # one way the state-machine trigger lets a record be born finished.
 copy_records() {
     local db=$1 from=$2 to=$3 age=$4 ts
     case $age in
         live) ts="now()" ;;
-        expired) ts="now() - interval '2 days'" ;;
+        expired) ts="now() - interval '10 days'" ;;
     esac
     as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -c "COPY (
         SELECT current_user, '', current_user, 'payments.create',
