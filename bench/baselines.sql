@@ -7,6 +7,13 @@
 -- row and an UPDATE with the response (new keys), a bare SELECT by the
 -- unique key (replays).
 --
+-- The HOT floor, floor_hot_records, has the same columns and only two
+-- indexes: the unique key and expires_at, which the claim row's INSERT
+-- sets for good.  Its UPDATE with the response changes no indexed column
+-- (and no column of an index predicate), so PostgreSQL makes it a HOT
+-- update: no new index entries.  Its fingerprint is sha256 of the raw
+-- request text (new_floor_hot.sql, replay_floor_hash.sql).
+--
 -- The peer is the same algorithm written in PL/pgSQL the way a careful user
 -- would: INSERT ... ON CONFLICT DO NOTHING RETURNING, then SELECT ... FOR
 -- UPDATE, fingerprint sha256(request::text::bytea).  (That fingerprint is
@@ -16,6 +23,11 @@
 
 CREATE TABLE floor_records (LIKE idem_records INCLUDING ALL);
 CREATE TABLE peer_records (LIKE idem_records INCLUDING ALL);
+CREATE TABLE floor_hot_records (LIKE idem_records INCLUDING DEFAULTS
+                                INCLUDING IDENTITY INCLUDING CONSTRAINTS);
+CREATE UNIQUE INDEX floor_hot_records_scope_key
+    ON floor_hot_records (role, tenant, caller, operation, key);
+CREATE INDEX floor_hot_records_expiry ON floor_hot_records (expires_at);
 
 -- The business table every new-key transaction writes to.
 CREATE TABLE payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -1,19 +1,22 @@
 -- bench/load.sql: :keys finished keys (r-N) and :keys running keys (p-N)
--- with the same content in idem_records, floor_records and peer_records.
-\set req '{"amount": 100.00, "currency": "EUR", "customer": "cus_123", "description": "order 42"}'
+-- with the same content in idem_records, floor_records, floor_hot_records
+-- and peer_records.  Key r-N / p-N was claimed with the request whose
+-- description is "order N", as the workloads send it.
 \set resp '{"id": "PAY-1", "amount": 100, "currency": "EUR", "status": "captured"}'
 
 CREATE TEMP TABLE seed AS
-SELECT k, k LIKE 'r-%' AS finished
-  FROM (SELECT 'r-' || g AS k FROM generate_series(1, :keys) g
+SELECT k, k LIKE 'r-%' AS finished, req
+  FROM (SELECT 'r-' || g AS k, g FROM generate_series(1, :keys) g
         UNION ALL
-        SELECT 'p-' || g FROM generate_series(1, :keys) g) s;
+        SELECT 'p-' || g, g FROM generate_series(1, :keys) g) s,
+       LATERAL (SELECT '{"amount": 100.00, "currency": "EUR", "customer": "cus_123", "description": "order '
+                       || g || '"}' AS req) r;
 
 -- Records are born processing (the trigger insists), then finished.
 INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state,
        attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
        updated_at, expires_at)
-SELECT '', current_user, 'payments.create', k, idem_fingerprint(:'req'),
+SELECT '', current_user, 'payments.create', k, idem_fingerprint(req::jsonb),
        'processing', 1, now() + interval '1 day', 'unknown', interval '1 day',
        now(), now(), now(), now() + interval '1 day'
   FROM seed;
@@ -26,7 +29,7 @@ INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state,
        attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
        updated_at, expires_at, response_status, response_body, response_headers,
        completed_at)
-SELECT '', current_user, 'payments.create', k, idem_fingerprint(:'req'),
+SELECT '', current_user, 'payments.create', k, idem_fingerprint(req::jsonb),
        CASE WHEN finished THEN 'succeeded' ELSE 'processing' END::idem_state, 1,
        now() + interval '1 day', 'unknown', interval '1 day', now(), now(), now(),
        now() + interval '1 day',
@@ -40,10 +43,20 @@ INSERT INTO peer_records (tenant, caller, operation, key, fingerprint, state,
        attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
        updated_at, expires_at, response_status, response_body, response_headers,
        completed_at)
-SELECT tenant, caller, operation, key, sha256(:'req'::jsonb::text::bytea), state,
+SELECT f.tenant, f.caller, f.operation, f.key, sha256(s.req::jsonb::text::bytea), f.state,
+       f.attempt, f.locked_until, f.on_lease_expiry, f.ttl, f.created_at, f.claimed_at,
+       f.updated_at, f.expires_at, f.response_status, f.response_body, f.response_headers,
+       f.completed_at
+  FROM floor_records f JOIN seed s ON s.k = f.key;
+
+INSERT INTO floor_hot_records (tenant, caller, operation, key, fingerprint, state,
        attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
        updated_at, expires_at, response_status, response_body, response_headers,
-       completed_at
-  FROM floor_records;
+       completed_at)
+SELECT f.tenant, f.caller, f.operation, f.key, sha256(convert_to(s.req, 'UTF8')), f.state,
+       f.attempt, f.locked_until, f.on_lease_expiry, f.ttl, f.created_at, f.claimed_at,
+       f.updated_at, f.expires_at, f.response_status, f.response_body, f.response_headers,
+       f.completed_at
+  FROM floor_records f JOIN seed s ON s.k = f.key;
 
 VACUUM ANALYZE;

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # bench/run.sh: measure the extension side by side with its baselines.
 #
-#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters]
+#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters|instructions]
 #
 # One command, one throwaway cluster (scripts/lib.sh), a Markdown report
 # printed at the end.  The parts (bench/README.md says what each measures):
 #
 #   tps          new keys, replays, in-progress answers: the extension, the
-#                floor and the PL/pgSQL peer (bench/baselines.sql), ROUNDS
-#                alternating rounds of RUN_SECONDS each; median tps, ratios.
+#                floors and the PL/pgSQL peer (bench/baselines.sql), in each
+#                of PROTOCOLS (pgbench -M), a request that differs per call,
+#                ROUNDS alternating rounds of RUN_SECONDS each; median tps,
+#                medians of the rounds' ratios.
 #   fingerprint  bench/fingerprint.sh (its own cluster): idem_fingerprint
 #                against sha256(doc::text::bytea) on 1 KB, 10 KB, 1 MB.
 #   cleanup      claim p50/p99 while the worker drains an expired backlog of
@@ -28,13 +30,22 @@
 #                (off), COUNTER_ROUNDS rounds alternating the order;
 #                median of the rounds' on/off ratios.
 #
+#   instructions the tps part's variants counted in instructions instead of
+#                time: the server runs under valgrind's callgrind (its own
+#                run, not part of quick or full), one client runs 100 and
+#                then INSTR_TX + 100 transactions of each variant in each
+#                protocol, and the backend's instruction count difference
+#                is divided by INSTR_TX.  Deterministic: the measure for a
+#                machine shared with other work.
+#
 #   quick        all seven, small: a smoke test of a few minutes.
-#   full         all seven at full size (about 55 minutes on 2 cores).
+#   full         all seven at full size (about 75 minutes on 2 cores).
 #
 # Environment (defaults for full / quick; a single part uses full's):
 #   PG_CONFIG, KEEP_TMP=1 (scripts/lib.sh), REPORT=file (also write the report there)
 #   CLIENTS 4, KEYS 100000 / 20000 (finished and running keys for replays)
-#   ROUNDS 5 / 2, RUN_SECONDS 10 / 3, WORKLOADS "new replay inprogress"
+#   ROUNDS 5 / 2, RUN_SECONDS 10 / 3, WORKLOADS "new replay inprogress",
+#   PROTOCOLS "simple extended prepared" (the tps part's pgbench -M modes)
 #   FP_ROUNDS 3 / 1, FP_SECONDS 10 / 3 (fingerprint.sh's BENCH_REPEATS, BENCH_SECONDS)
 #   BACKLOG 1000000 / 100000, CLEANUP_ROUNDS 3 / 1, CLEANUP_SECONDS 130 / 15,
 #   NAPTIME 1s (the worker's naptime while it drains), WORKER_SETTINGS
@@ -43,6 +54,7 @@
 #   SIZES "10000 1000000 10000000" / "10000 200000", SIZE_ROUNDS 3 / 1, SIZE_SECONDS 20 / 5
 #   MEM_SECONDS 300 / 30, MEM_INTERVAL 30 / 5
 #   COUNTER_ROUNDS 7 / 2 (RUN_SECONDS each)
+#   INSTR_TX 1000 (instructions; KEYS defaults to 5000 there)
 set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 . "$BENCH_DIR/../scripts/lib.sh"
@@ -57,13 +69,15 @@ case $MODE in
         : "${MEM_SECONDS:=30}" "${MEM_INTERVAL:=5}" "${COUNTER_ROUNDS:=2}" ;;
     full) PARTS="tps fingerprint cleanup size memory responses counters" ;;
     tps|fingerprint|cleanup|size|memory|responses|counters) PARTS=$MODE ;;
-    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters]" >&2; exit 2 ;;
+    instructions) PARTS=$MODE; : "${KEYS:=5000}" ;;
+    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters|instructions]" >&2; exit 2 ;;
 esac
 CLIENTS=${CLIENTS:-4}
 KEYS=${KEYS:-100000}
 ROUNDS=${ROUNDS:-5}
 RUN_SECONDS=${RUN_SECONDS:-10}
 WORKLOADS=${WORKLOADS:-new replay inprogress}
+PROTOCOLS=${PROTOCOLS:-simple extended prepared}
 FP_ROUNDS=${FP_ROUNDS:-3}
 FP_SECONDS=${FP_SECONDS:-10}
 BACKLOG=${BACKLOG:-1000000}
@@ -77,6 +91,7 @@ SIZE_SECONDS=${SIZE_SECONDS:-20}
 MEM_SECONDS=${MEM_SECONDS:-300}
 MEM_INTERVAL=${MEM_INTERVAL:-30}
 COUNTER_ROUNDS=${COUNTER_ROUNDS:-7}
+INSTR_TX=${INSTR_TX:-1000}
 has_part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 START_TIME=$(date +%s)
@@ -92,6 +107,20 @@ trap cleanup EXIT
 install_packages
 build_and_install
 make_workdir
+if has_part instructions; then
+    # The server under callgrind, one output file per process; autovacuum
+    # off, so that the only processes that start and end are the backends.
+    install_packages valgrind
+    as_postgres mkdir -p "$IDEM_TMP/cg"
+    IDEM_POSTGRES=$IDEM_TMP/postgres-callgrind
+    printf '#!/bin/sh\nTMPDIR=%s exec valgrind --quiet --tool=callgrind --callgrind-out-file=%s/cg/cg.%%p %s/postgres "$@"\n' \
+        "$IDEM_TMP" "$IDEM_TMP" "$("$PG_CONFIG" --bindir)" | as_postgres tee "$IDEM_POSTGRES" >/dev/null
+    as_postgres chmod 755 "$IDEM_POSTGRES"
+    export IDEM_POSTGRES
+    start_cluster "idempotency.database = 'bench'" "idempotency.naptime = '1h'" \
+        "synchronous_commit = off" "idempotency.synchronous_outcomes = off" \
+        "shared_buffers = '512MB'" "autovacuum = off"
+fi
 if has_part tps || has_part cleanup || has_part size || has_part memory || has_part responses \
     || has_part counters; then
     start_cluster "idempotency.database = 'bench'" \
@@ -140,13 +169,15 @@ worker_setting() {
 # COPY n finished records (succeeded, with a response) into db's idem_records,
 # numbered from..to, with keys spread over the key space of the new-key
 # workload ('n-<client>-<number>-...').  age "live": expires in a day; age
-# "expired": expired a day ago (well past cleanup_grace).  COPY FROM is the
+# "expired": expired nine days ago, past cleanup_grace and tombstone_ttl
+# (10 min and 7 days by default), so that cleanup deletes it (a record
+# expired less than tombstone_ttl ago is only purged).  COPY FROM is the
 # one way the state-machine trigger lets a record be born finished.
 copy_records() {
     local db=$1 from=$2 to=$3 age=$4 ts
     case $age in
         live) ts="now()" ;;
-        expired) ts="now() - interval '2 days'" ;;
+        expired) ts="now() - interval '10 days'" ;;
     esac
     as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -c "COPY (
         SELECT current_user, '', current_user, 'payments.create',
@@ -204,64 +235,147 @@ needs_bench_db() {
     psql_bench -v keys="$KEYS" -f "$IDEM_TMP/src/bench/load.sql"
 }
 
-# --- tps: the extension against the floor and the peer ------------------------
+# --- tps: the extension against the floors and the peer, three protocols -----
+# Every variant runs in each of PROTOCOLS (pgbench -M simple: text
+# interpolated, parsed and planned every call, as psycopg2 sends it;
+# extended: unnamed statements, parsed every call, as node-postgres and
+# psycopg 3 send them; prepared: named statements, as pgx and JDBC after
+# five executions).  A round runs every variant of every protocol one
+# after the other; results are "protocol:variant<TAB>tps".
 part_tps() {
-    local results=$IDEM_TMP/results.tsv round w v tps ext peer floor opts
+    local results=$IDEM_TMP/results.tsv round w v p tps opts dir f
     : >"$results"
+    # In simple mode pgbench pastes a variable's value into the statement's
+    # text: the token (text) needs quotes there, and only there.
+    as_postgres mkdir -p "$IDEM_TMP/simple"
+    for f in "$W"/*.sql; do
+        sed "s/(:token,/(':token',/" "$f" | as_postgres tee "$IDEM_TMP/simple/${f##*/}" >/dev/null
+    done
     variants_of() {
         case $1 in
-            new) echo "new_floor new_peer new_ext new_ext_sync" ;;
-            replay) echo "replay_floor replay_peer replay_ext" ;;
+            new) echo "new_floor_hot new_floor new_peer new_ext" ;;
+            replay) echo "replay_floor replay_floor_hash replay_peer replay_ext" ;;
             inprogress) echo "inprogress_peer inprogress_ext" ;;
         esac
     }
     for round in $(seq 1 "$ROUNDS"); do
         log "tps: round $round of $ROUNDS"
         for w in $WORKLOADS; do
-            for v in $(variants_of "$w"); do
-                # new_ext_sync: the extension with idempotency.synchronous_outcomes
-                # on, its default; every other variant commits asynchronously.
-                opts=""
-                [ "$v" = new_ext_sync ] && opts="-c idempotency.synchronous_outcomes=on"
-                tps=$(as_postgres env PGOPTIONS="$opts" "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 \
-                    -T "$RUN_SECONDS" -D keys="$KEYS" -f "$W/${v%_sync}.sql" bench 2>&1 |
-                    sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
-                [ -n "$tps" ] || { log "pgbench failed for $v"; return 1; }
-                printf '%s\t%s\n' "$v" "$tps" >>"$results"
-                printf '  %-16s %10.0f tps\n' "$v" "$tps" >&2
+            for p in $PROTOCOLS; do
+                for v in $(variants_of "$w") $([ "$w" = new ] && [ "$p" = prepared ] && echo new_ext_sync); do
+                    # new_ext_sync: the extension with idempotency.synchronous_outcomes
+                    # on, its default; every other variant commits asynchronously.
+                    opts=""
+                    [ "$v" = new_ext_sync ] && opts="-c idempotency.synchronous_outcomes=on"
+                    dir=$W
+                    [ "$p" = simple ] && dir=$IDEM_TMP/simple
+                    tps=$(as_postgres env PGOPTIONS="$opts" "$bindir/pgbench" -n -M "$p" -c "$CLIENTS" -j 2 \
+                        -T "$RUN_SECONDS" -D keys="$KEYS" -f "$dir/${v%_sync}.sql" bench 2>&1 |
+                        sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
+                    [ -n "$tps" ] || { log "pgbench failed for $v ($p)"; return 1; }
+                    printf '%s:%s\t%s\n' "$p" "$v" "$tps" >>"$results"
+                    printf '  %-9s %-18s %10.0f tps\n' "$p" "$v" "$tps" >&2
+                done
             done
         done
         psql_bench -c "VACUUM ANALYZE"
     done
     {
-        echo "### Throughput: the extension, the floor and the PL/pgSQL peer"
+        echo "### Throughput: the extension against the floors and the PL/pgSQL peer, three protocols"
         echo
-        echo "| workload | extension tps | floor tps | peer tps | extension / floor | extension / peer | median of the rounds' extension / floor | median of the rounds' extension / peer |"
-        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-        for w in $WORKLOADS; do
-            ext=$(tps_of "${w}_ext")
-            peer=$(tps_of "${w}_peer")
-            if [ "$w" = inprogress ]; then
-                printf '| %s | %.0f | - | %.0f | - | %s | - | %s |\n' "$w" "$ext" "$peer" \
-                    "$(ratio "$ext" "$peer")" "$(round_ratio "${w}_ext" "${w}_peer")"
-            else
-                floor=$(tps_of "${w}_floor")
-                printf '| %s | %.0f | %.0f | %.0f | %s | %s | %s | %s |\n' "$w" "$ext" "$floor" "$peer" \
-                    "$(ratio "$ext" "$floor")" "$(ratio "$ext" "$peer")" \
-                    "$(round_ratio "${w}_ext" "${w}_floor")" "$(round_ratio "${w}_ext" "${w}_peer")"
-            fi
+        echo "Median tps of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run, a request that differs per call."
+        echo
+        echo "| protocol | workload | extension | HOT floor | floor (same indexes) | bare SELECT | SELECT + sha256 | peer |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for p in $PROTOCOLS; do
+            for w in $WORKLOADS; do
+                case $w in
+                    new) printf '| %s | new keys | %.0f | %.0f | %.0f | - | - | %.0f |\n' "$p" \
+                            "$(tps_of "$p:new_ext")" "$(tps_of "$p:new_floor_hot")" \
+                            "$(tps_of "$p:new_floor")" "$(tps_of "$p:new_peer")" ;;
+                    replay) printf '| %s | replays | %.0f | - | - | %.0f | %.0f | %.0f |\n' "$p" \
+                            "$(tps_of "$p:replay_ext")" "$(tps_of "$p:replay_floor")" \
+                            "$(tps_of "$p:replay_floor_hash")" "$(tps_of "$p:replay_peer")" ;;
+                    inprogress) printf '| %s | in progress | %.0f | - | - | - | - | %.0f |\n' "$p" \
+                            "$(tps_of "$p:inprogress_ext")" "$(tps_of "$p:inprogress_peer")" ;;
+                esac
+            done
         done
         echo
-        echo "Medians of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run; the ratios of medians,"
-        echo "then the median of the ratio measured within each round."
+        echo "Medians over the rounds of the ratio measured within each round (extension / baseline):"
         echo
-        if has_variant new_ext_sync; then
-            echo "The extension, the floor and the peer all commit asynchronously here (synchronous_commit = off,"
-            echo "idempotency.synchronous_outcomes = off). With idempotency.synchronous_outcomes on, its default, every"
-            echo "new key's transaction waits for its WAL flush: $(tps_of new_ext_sync | awk '{ printf "%.0f", $1 }') tps, $(round_ratio new_ext_sync new_ext) × the"
+        echo "| protocol | new keys / peer (≥ 1.1) | new keys / HOT floor (≥ 1.0) | new keys / floor | replays / bare SELECT (≥ 1.0) | replays / SELECT + sha256 (≥ 0.9) | replays / peer | in progress / peer |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for p in $PROTOCOLS; do
+            printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$p" \
+                "$(rr "$p:new_ext" "$p:new_peer")" "$(rr "$p:new_ext" "$p:new_floor_hot")" \
+                "$(rr "$p:new_ext" "$p:new_floor")" "$(rr "$p:replay_ext" "$p:replay_floor")" \
+                "$(rr "$p:replay_ext" "$p:replay_floor_hash")" "$(rr "$p:replay_ext" "$p:replay_peer")" \
+                "$(rr "$p:inprogress_ext" "$p:inprogress_peer")"
+        done
+        echo
+        if has_variant prepared:new_ext_sync; then
+            echo "Every variant commits asynchronously (synchronous_commit = off, idempotency.synchronous_outcomes = off)."
+            echo "With idempotency.synchronous_outcomes on, its default, every new key's transaction waits for its WAL"
+            echo "flush: $(tps_of prepared:new_ext_sync | awk '{ printf "%.0f", $1 }') tps (prepared), $(round_ratio prepared:new_ext_sync prepared:new_ext) × the"
             echo "asynchronous extension (median of the rounds' ratios; fsync = off here, so a real disk's flush costs more)."
             echo
         fi
+    } | out
+}
+# The median of the rounds' ratio a/b, or "-" when either did not run.
+rr() { if has_variant "$1" && has_variant "$2"; then round_ratio "$1" "$2"; else echo -; fi; }
+
+# --- instructions: the tps part's variants, counted in instructions ----------
+# The instructions the backend of one pgbench client executes for n
+# transactions of a workload (the largest count among the processes that
+# ended meanwhile: the client's backend).
+instructions_of() {
+    local p=$1 file=$2 n=$3 before f best=0 v
+    before=$(ls "$IDEM_TMP/cg")
+    as_postgres "$bindir/pgbench" -n -M "$p" -c 1 -t "$n" -D keys="$KEYS" -f "$file" bench >/dev/null 2>&1 \
+        || { log "pgbench failed for $file ($p)"; return 1; }
+    sleep 2     # callgrind writes its file as the backend exits
+    for f in $(comm -13 <(echo "$before") <(ls "$IDEM_TMP/cg")); do
+        v=$(awk '/^(summary|totals):/ { print $2; exit }' "$IDEM_TMP/cg/$f")
+        [ "${v:-0}" -le "$best" ] || best=$v
+    done
+    echo "$best"
+}
+part_instructions() {
+    local results=$IDEM_TMP/instructions.tsv p v dir a b f
+    : >"$results"
+    as_postgres mkdir -p "$IDEM_TMP/simple"
+    for f in "$W"/*.sql; do
+        sed "s/(:token,/(':token',/" "$f" | as_postgres tee "$IDEM_TMP/simple/${f##*/}" >/dev/null
+    done
+    for p in $PROTOCOLS; do
+        dir=$W
+        [ "$p" = simple ] && dir=$IDEM_TMP/simple
+        for v in new_floor_hot new_floor new_peer new_ext replay_floor replay_floor_hash replay_peer replay_ext \
+                 inprogress_peer inprogress_ext; do
+            a=$(instructions_of "$p" "$dir/$v.sql" 100)
+            b=$(instructions_of "$p" "$dir/$v.sql" $((INSTR_TX + 100)))
+            printf '%s:%s\t%s\n' "$p" "$v" $(( (b - a) / INSTR_TX )) >>"$results"
+            printf '  %-9s %-18s %10d instructions per transaction\n' "$p" "$v" $(( (b - a) / INSTR_TX )) >&2
+        done
+    done
+    {
+        echo "### Instructions per transaction (callgrind, one client)"
+        echo
+        echo "The server's backend, $INSTR_TX transactions of each variant (a request that differs per call); fewer is better."
+        echo
+        echo "| protocol | new keys: extension | HOT floor | floor (same indexes) | peer | replays: extension | bare SELECT | SELECT + sha256 | peer | in progress: extension | peer |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for p in $PROTOCOLS; do
+            printf '| %s |' "$p"
+            for v in new_ext new_floor_hot new_floor new_peer replay_ext replay_floor replay_floor_hash replay_peer \
+                     inprogress_ext inprogress_peer; do
+                printf ' %s |' "$(awk -F'\t' -v v="$p:$v" '$1 == v { printf "%.0f", $2 }' "$results")"
+            done
+            echo
+        done
+        echo
     } | out
 }
 
@@ -599,7 +713,8 @@ part_counters() {
     } | out
 }
 
-if has_part tps || has_part cleanup || has_part memory || has_part counters; then needs_bench_db; fi
+if has_part tps || has_part cleanup || has_part memory || has_part counters || has_part instructions; then needs_bench_db; fi
+if has_part instructions; then part_instructions; fi
 if has_part tps; then part_tps; fi
 if has_part cleanup; then part_cleanup; fi
 if has_part size; then part_size; fi

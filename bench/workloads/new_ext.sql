@@ -1,7 +1,10 @@
 -- A new key: claim, business write and completion in one transaction.
+-- The request differs per call (the key's number is in its description):
+-- the server parses it on every call, whatever the protocol.
 \set n random(1, 2000000000)
+\set m random(1, 2000000000)
 BEGIN;
-SELECT token FROM idem_claim('payments.create', 'n-' || :client_id || '-' || :n || '-' || random(), '{"amount": 100.00, "currency": "EUR", "customer": "cus_123", "description": "order 42"}') \gset
+SELECT token FROM idem_claim('payments.create', 'n-' || :client_id || '-' || :n || '-' || :m, ('{"amount": 100.00, "currency": "EUR", "customer": "cus_123", "description": "order ' || :n || '"}')::jsonb) \gset
 INSERT INTO payments (amount, currency) VALUES (100.00, 'EUR');
 SELECT idem_complete(:token, 201, '{"id": "PAY-1", "amount": 100, "currency": "EUR", "status": "captured"}', '{"Location": "/payments/PAY-1"}');
 COMMIT;
