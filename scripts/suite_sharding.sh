@@ -28,7 +28,7 @@ check_plproxy_copy() {
     chmod 755 "$tree/pg_config"
     echo "an older plproxy.so" >"$tree/lib/plproxy.so"
     before=$(stat -c %i "$tree/lib/plproxy.so")
-    so=$(dpkg -L postgresql-15-plproxy 2>/dev/null | grep '/lib/plproxy\.so$' | head -n 1)
+    so=$(dpkg -L postgresql-15-plproxy 2>/dev/null | grep '/lib/plproxy\.so$' | head -n 1) || true
     if PG_CONFIG=$tree/pg_config sharding_install_plproxy >/dev/null; then
         after=$(stat -c %i "$tree/lib/plproxy.so")
         left=$(find "$tree/lib" "$tree/share/extension" -name '.*' | wc -l)
@@ -53,6 +53,8 @@ run_sharding() {
     IDEM_GROUPS=$IDEM_TMP/sharding.groups
     : >"$IDEM_GROUPS"
     . "$dir/layout.sh"
+    # the package first: check_plproxy_copy copies its files
+    install_packages postgresql-15-plproxy
     check_plproxy_copy
     if ! sharding_install_plproxy || ! sharding_setup \
         || ! as_postgres "$bindir/createdb" "$split" \

@@ -30,6 +30,10 @@ $$;
 -- The application role gets the functions below and nothing on
 -- idem_records; the proxy connects to the shard as the role that called it.
 GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_replay TO idem_app;
+-- Its own records and counters, gathered from every shard by the proxy's
+-- list() and stat_operations() (a role sees only its own rows of both).
+GRANT EXECUTE ON FUNCTION idem_list, idem_stat_operations() TO idem_app;
+GRANT SELECT ON idem_stat_operations TO idem_app;
 
 -- Which partition this database is.  PL/Proxy sends a call for a tenant to
 -- partition hashtext(tenant) & (partitions - 1).  When tenants are moved
