@@ -63,6 +63,26 @@ install_packages() {
     fi
 }
 
+# Install the missing packages of a service the tests start themselves
+# (RabbitMQ, Prometheus and its exporter): Debian starts a package's
+# service on install unless /usr/sbin/policy-rc.d says no, so when there is
+# none, one that refuses every start is put there for the install, and
+# removed afterwards (by cleanup, if the install is interrupted).
+install_service_packages() {
+    local policy=/usr/sbin/policy-rc.d status=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# idempotency scripts/lib.sh: no service starts during its install\nexit 101\n' \
+            | as_root tee "$policy" >/dev/null && as_root chmod 755 "$policy" \
+            && IDEM_POLICY_RC=$policy
+    fi
+    install_packages "$@" || status=$?
+    if [ -n "${IDEM_POLICY_RC:-}" ]; then
+        as_root rm -f "$IDEM_POLICY_RC"
+        IDEM_POLICY_RC=
+    fi
+    return "$status"
+}
+
 # Install what the example clients need and is missing.  node, npm, the JDK
 # and go may come from elsewhere (NodeSource, nvm, another JDK): only when a
 # command is missing is Debian's package installed.
@@ -163,6 +183,7 @@ stop_groups() {
 cleanup() {
     local status=$?
     stop_groups
+    [ -z "${IDEM_POLICY_RC:-}" ] || as_root rm -f "$IDEM_POLICY_RC"
     if [ -n "${IDEM_CLUSTER_STARTED:-}" ]; then
         as_postgres "$("$PG_CONFIG" --bindir)/pg_ctl" -D "$IDEM_TMP/data" -m fast -w stop >/dev/null 2>&1 || true
     fi

@@ -13,23 +13,16 @@
 # idem_app on a database of its own (examples/schema.sql and
 # examples/consumer/schema.sql), under a time limit.
 
-# Install what is missing.  Debian starts a service on install unless
-# /usr/sbin/policy-rc.d says no: when there is none, one that refuses every
-# start is put there for the install and removed afterwards.  Where systemd
-# runs, the services of packages installed here are disabled, so that they
-# do not start at the next boot either.
+# Install what is missing, no service started (install_service_packages).
+# Where systemd runs, the services of packages installed here are disabled,
+# so that they do not start at the next boot either.
 consumer_install() {
-    local missing=() p policy=/usr/sbin/policy-rc.d ours=0 status=0
+    local missing=() p status=0
     for p in erlang-base rabbitmq-server python3-pika; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     [ ${#missing[@]} -gt 0 ] || return 0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\n# scripts/suite_consumer.sh: no service starts during its install\nexit 101\n' \
-            | as_root tee "$policy" >/dev/null && as_root chmod 755 "$policy" && ours=1
-    fi
-    install_packages rabbitmq-server python3-pika || status=$?
-    [ "$ours" = 0 ] || as_root rm -f "$policy"
+    install_service_packages rabbitmq-server python3-pika || status=$?
     if [ -d /run/systemd/system ]; then
         for p in "${missing[@]}"; do
             case $p in

@@ -45,13 +45,13 @@ run_exporter_suite() {
         as_postgres "$bindir/psql" -X -q -At -v ON_ERROR_STOP=1 "$@"
     }
 
-    # Debian's packages start their services where systemd runs: those this
-    # suite installed are stopped and disabled again.
+    # No service starts during the install (install_service_packages); where
+    # systemd runs, those this suite installed are also disabled.
     local p had=()
     for p in prometheus prometheus-postgres-exporter; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || had+=("$p")
     done
-    if ! install_packages prometheus prometheus-postgres-exporter curl; then
+    if ! install_service_packages prometheus prometheus-postgres-exporter curl; then
         exp_check "prometheus and prometheus-postgres-exporter installed" yes no
         failed_suites+=(exporter)
         return 0
