@@ -134,7 +134,15 @@ EOF
         sleep 0.1
     done
     exp_check "prometheus-postgres-exporter serves /metrics on 127.0.0.1:$port as nobody" yes "$v"
-    v=$(pgrep -u nobody -f -- "--web.listen-address=127.0.0.1:$port" >/dev/null && echo nobody || echo other)
+    # from /proc: procps (pgrep, ps) is not on every Debian system
+    v=other
+    for d in /proc/[0-9]*; do
+        if tr '\0' ' ' <"$d/cmdline" 2>/dev/null | grep -q -- "--web.listen-address=127.0.0.1:$port" \
+            && [ "$(stat -c %U "$d" 2>/dev/null)" = nobody ]; then
+            v=nobody
+            break
+        fi
+    done
     exp_check "  ... running as nobody" nobody "$v"
 
     if [ "$ok" = 1 ]; then
