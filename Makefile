@@ -45,7 +45,7 @@ OBJS += src/stat_operations.o src/list.o
 REGRESS += stat_operations list
 
 # Expiry: tombstones and the expired answer
-REGRESS += expiry archive_faults
+REGRESS += expiry archive_faults archive_reuse
 
 # The per-role rate of new keys
 OBJS += src/rate_limit.o
