@@ -49,7 +49,7 @@ REGRESS += expiry archive_faults archive_reuse
 
 # The per-role rate of new keys
 OBJS += src/rate_limit.o
-REGRESS += rate_limit
+REGRESS += rate_limit rate_limit_attack
 
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
