@@ -45,11 +45,11 @@ OBJS += src/stat_operations.o src/list.o
 REGRESS += stat_operations list
 
 # Expiry: tombstones and the expired answer
-REGRESS += expiry archive_faults
+REGRESS += expiry archive_faults archive_reuse
 
 # The per-role rate of new keys
 OBJS += src/rate_limit.o
-REGRESS += rate_limit
+REGRESS += rate_limit rate_limit_attack
 
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
@@ -58,7 +58,7 @@ REGRESS += upgrade exact_replay
 # (claim_prepared needs max_prepared_transactions > 0)
 REGRESS += inbox claim_many
 ISOLATION += claim_many_keys claim_prepared
-ISOLATION += maintenance_skip_locked expiry_races
+ISOLATION += maintenance_skip_locked expiry_races expiry_races_archive
 
 
 PG_CONFIG ?= pg_config

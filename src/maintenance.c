@@ -422,12 +422,7 @@ prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
 static char *
 archive_cte(const char *nsp)
 {
-	const char *columns =
-		"id, role, tenant, caller, operation, key, fingerprint, state,"
-		" attempt, attempt_token, recovery_point, locked_until,"
-		" on_lease_expiry, ttl, response_status, response_headers,"
-		" response_body, resource_id, created_at, claimed_at, updated_at,"
-		" completed_at, expires_at, response_raw_body, response_sealed";
+	const char *columns = IDEM_ARCHIVE_COLUMNS;
 
 	return psprintf(
 		"archived AS (INSERT INTO %s.idem_records_archive (%s, archived_at)"

@@ -34,6 +34,14 @@
  * replaced (DROP and CREATE EXTENSION) catalog.c hands out a new
  * generation number and the plans are prepared again.
  *
+ * With idempotency.cleanup_action = 'archive', a claim that reuses an
+ * expired record for a new command first copies the record, as it was, to
+ * idem_records_archive, in the statement that reuses it and by the rules of
+ * the cleanup passes (maintenance.c): once per command (no copy when the
+ * archive holds one with the same id and claimed_at), and never a reuse
+ * without its copy: when the archive is missing the claim ends with an
+ * error and the record stays as it was.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -64,6 +72,7 @@ typedef enum RecordPlan
 {
 	PLAN_FETCH_BY_ID,
 	PLAN_RESTART,
+	PLAN_RESTART_ARCHIVE,
 	PLAN_MARK_UNKNOWN,
 	PLAN_RESOLVE,
 	NUM_RECORD_PLANS
@@ -141,6 +150,7 @@ static void set_response(Datum *values, bool *nulls, const AttrNumber *col,
 						 int64 id, const IdemResponse *response);
 static void *optional_column(TupleTableSlot *slot, AttrNumber attnum);
 static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
+static bool reuse_needs_archive(void);
 static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
 static void outcome_written(void);
@@ -420,7 +430,8 @@ idem_record_restart(IdemRecord *rec, bool reuse,
 	values[11] = TimestampTzGetDatum(start->expires_at);
 	values[12] = ObjectIdGetDatum(cat->state_oids[rec->state]);
 	values[13] = BoolGetDatum(rec->state == IDEM_PROCESSING);
-	if (run_plan(PLAN_RESTART, values, nulls) == 0)
+	if (run_plan(reuse && reuse_needs_archive() ? PLAN_RESTART_ARCHIVE :
+				 PLAN_RESTART, values, nulls) == 0)
 	{
 		SPI_finish();
 		return false;
@@ -722,21 +733,64 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 			nargs = 3;
 			break;
 		case PLAN_RESTART:
-			appendStringInfo(&sql,
-							 "UPDATE %s SET fingerprint = $3, state = $4, attempt = $5,"
-							 " attempt_token = $6,"
-							 " recovery_point = CASE WHEN $7 THEN NULL ELSE recovery_point END,"
-							 " locked_until = $8, on_lease_expiry = $9, ttl = $10,"
-							 " response_status = NULL, response_headers = NULL,"
-							 " response_body = NULL, resource_id = NULL,%s"
-							 " claimed_at = $11, updated_at = $11, completed_at = $15,"
-							 " expires_at = $12"
-							 " WHERE id" EQ "(SELECT id FROM %s WHERE id" EQ "$1"
-							 " AND state" EQ "$13 AND attempt" EQ "$2"
-							 " AND (NOT $7 OR expires_at" LE "$11)"
-							 " AND (NOT $14 OR locked_until" LE "$11)"
-							 " FOR UPDATE SKIP LOCKED)"
-							 " RETURNING recovery_point", t, clear_exact, t);
+		case PLAN_RESTART_ARCHIVE:
+			{
+				/* the version the decision was made on, locked */
+				const char *target =
+					" WHERE id" EQ "$1"
+					" AND state" EQ "$13 AND attempt" EQ "$2"
+					" AND (NOT $7 OR expires_at" LE "$11)"
+					" AND (NOT $14 OR locked_until" LE "$11)"
+					" FOR UPDATE SKIP LOCKED";
+
+				if (which == PLAN_RESTART)
+					appendStringInfo(&sql, "UPDATE %s", t);
+				else
+				{
+					/*
+					 * The row is locked first and copied as locked (its
+					 * newest version, rechecked), then changed: a record
+					 * another transaction holds is neither copied nor
+					 * reused.
+					 */
+					char	   *nsp = get_namespace_name(cat->schema_oid);
+
+					Assert(exact);
+					if (nsp == NULL)
+						elog(ERROR, "schema %u of extension \"%s\" not found",
+							 cat->schema_oid, IDEM_EXTENSION_NAME);
+					nsp = (char *) quote_identifier(nsp);
+					appendStringInfo(&sql,
+									 "WITH target AS (SELECT " IDEM_ARCHIVE_COLUMNS
+									 " FROM %s%s),"
+									 " archived AS (INSERT INTO %s.%s"
+									 " (" IDEM_ARCHIVE_COLUMNS ", archived_at)"
+									 " SELECT " IDEM_ARCHIVE_COLUMNS ", pg_catalog.clock_timestamp()"
+									 " FROM target AS o WHERE NOT EXISTS"
+									 " (SELECT FROM %s.%s AS x WHERE x.id" EQ "o.id"
+									 " AND x.claimed_at" EQ "o.claimed_at))"
+									 " UPDATE %s", t, target,
+									 nsp, IDEM_ARCHIVE_TABLE, nsp, IDEM_ARCHIVE_TABLE,
+									 t);
+				}
+				appendStringInfo(&sql,
+								 " SET fingerprint = $3, state = $4, attempt = $5,"
+								 " attempt_token = $6,"
+								 " recovery_point = CASE WHEN $7 THEN NULL ELSE recovery_point END,"
+								 " locked_until = $8, on_lease_expiry = $9, ttl = $10,"
+								 " response_status = NULL, response_headers = NULL,"
+								 " response_body = NULL, resource_id = NULL,%s"
+								 " claimed_at = $11, updated_at = $11, completed_at = $15,"
+								 " expires_at = $12",
+								 clear_exact);
+				if (which == PLAN_RESTART)
+					appendStringInfo(&sql,
+									 " WHERE id" EQ "(SELECT id FROM %s%s)", t, target);
+				else
+					appendStringInfoString(&sql,
+										   " WHERE id" EQ "(SELECT id FROM target)");
+				appendStringInfoString(&sql, " RETURNING recovery_point");
+			}
 			types[0] = INT8OID;
 			types[1] = INT4OID;
 			types[2] = BYTEAOID;
@@ -802,6 +856,37 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 		elog(ERROR, "could not keep plan for \"%s\"", sql.data);
 	pfree(sql.data);
 	return plan;
+}
+
+/*
+ * Whether a reuse must copy the record to the archive first: with
+ * idempotency.cleanup_action = 'archive'.  As the cleanup passes do, a
+ * reuse whose copy cannot be made (the archive renamed or moved away, or a
+ * table still at version 1.0) is refused rather than made without it.
+ */
+static bool
+reuse_needs_archive(void)
+{
+	const IdemCatalog *cat = idem_catalog();
+
+	if (idem_cleanup_action != IDEM_CLEANUP_ARCHIVE)
+		return false;
+	if (!plans_for_exact_responses())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency cannot reuse an expired record: the archive needs version 1.1 of extension \"%s\"",
+						IDEM_EXTENSION_NAME),
+				 errdetail("idempotency.cleanup_action is \"archive\": no record is reused for a new command without a copy of the previous one."),
+				 errhint("Run ALTER EXTENSION %s UPDATE, or set idempotency.cleanup_action to \"delete\" for this database.",
+						 IDEM_EXTENSION_NAME)));
+	if (!OidIsValid(get_relname_relid(IDEM_ARCHIVE_TABLE, cat->schema_oid)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("idempotency cannot reuse an expired record: relation \"%s\" does not exist",
+						IDEM_ARCHIVE_TABLE),
+				 errdetail("idempotency.cleanup_action is \"archive\": no record is reused for a new command without a copy of the previous one."),
+				 errhint("Give the table back its name, or set idempotency.cleanup_action to \"delete\".")));
+	return true;
 }
 
 /*
