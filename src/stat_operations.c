@@ -136,6 +136,8 @@ static void stat_shmem_request(void);
 static void stat_shmem_startup(void);
 static void stat_shmem_shutdown(int code, Datum arg);
 static void stat_load(void);
+static bool entry_is_valid(const StatEntry *entry);
+static void stat_clear(void);
 static uint32 stat_key_hash(const void *key, Size keysize);
 static void make_key(StatKey *key, Oid userid, const char *operation, int oplen);
 static void add_to_entry(const StatKey *key, IdemStatCounter counter, int64 n,
@@ -623,20 +625,63 @@ error:
 }
 
 /*
+ * Whether an entry read from the file is one this build could have written:
+ * its operation ends with a zero inside its buffer and the rest of the
+ * buffer is zero (keys are compared as bytes and hashed up to the zero).
+ */
+static bool
+entry_is_valid(const StatEntry *entry)
+{
+	const char *op = entry->key.operation;
+	const char *end = memchr(op, '\0', STAT_OPERATION_LEN);
+
+	if (end == NULL)
+		return false;
+	while (++end < op + STAT_OPERATION_LEN)
+		if (*end != '\0')
+			return false;
+	return true;
+}
+
+/*
+ * Forget every entry and the evictions: the table as at a first start.
+ * The caller holds the lock exclusive, or is the postmaster at start.
+ */
+static void
+stat_clear(void)
+{
+	HASH_SEQ_STATUS hash_seq;
+	StatEntry  *entry;
+
+	hash_seq_init(&hash_seq, stat_hash);
+	while ((entry = hash_seq_search(&hash_seq)) != NULL)
+		hash_search(stat_hash, &entry->key, HASH_REMOVE, NULL);
+	SpinLockAcquire(&stat_shared->mutex);
+	stat_shared->evictions = 0;
+	stat_shared->stats_reset = GetCurrentTimestamp();
+	SpinLockRelease(&stat_shared->mutex);
+}
+
+/*
  * Read the entries a clean shutdown saved, then delete the file, so that a
  * crash later does not bring back old counters.  Runs in the postmaster at
- * start, with the table empty.  A file that cannot be read is logged and
- * ignored.
+ * start, with the table empty.  A file that cannot be read, or is not whole
+ * and of this build's format (its length is not that of its header and
+ * entries, an entry's operation is not a zero-padded name), is logged and
+ * ignored: none of its entries is kept.
  */
 static void
 stat_load(void)
 {
 	FILE	   *file;
+	struct stat st;
 	uint32		header;
 	int32		n;
 	int32		i;
 	int64		evictions;
 	TimestampTz stats_reset;
+	const off_t header_len = sizeof(header) + sizeof(n) + sizeof(evictions) +
+		sizeof(stats_reset);
 
 	file = AllocateFile(STAT_DUMP_FILE, PG_BINARY_R);
 	if (file == NULL)
@@ -647,9 +692,12 @@ stat_load(void)
 					 errmsg("could not read file \"%s\": %m", STAT_DUMP_FILE)));
 		return;
 	}
-	if (fread(&header, sizeof(header), 1, file) != 1 ||
+	if (fstat(fileno(file), &st) != 0 ||
+		fread(&header, sizeof(header), 1, file) != 1 ||
 		header != STAT_FILE_HEADER ||
 		fread(&n, sizeof(n), 1, file) != 1 ||
+		n < 0 ||
+		st.st_size != header_len + (off_t) n * (off_t) sizeof(StatEntry) ||
 		fread(&evictions, sizeof(evictions), 1, file) != 1 ||
 		fread(&stats_reset, sizeof(stats_reset), 1, file) != 1)
 		goto error;
@@ -660,7 +708,8 @@ stat_load(void)
 		StatEntry	temp;
 		StatEntry  *entry;
 
-		if (fread(&temp, sizeof(StatEntry), 1, file) != 1)
+		if (fread(&temp, sizeof(StatEntry), 1, file) != 1 ||
+			!entry_is_valid(&temp))
 			goto error;
 		/* a smaller idempotency.stat_max keeps the most recently used */
 		entry = entry_alloc(&temp.key, temp.last_used);
@@ -679,6 +728,7 @@ error:
 	ereport(LOG,
 			(errcode(ERRCODE_DATA_CORRUPTED),
 			 errmsg("ignoring invalid file \"%s\"", STAT_DUMP_FILE)));
+	stat_clear();
 	FreeFile(file);
 	unlink(STAT_DUMP_FILE);
 }
@@ -781,19 +831,10 @@ idem_stat_operations_info(PG_FUNCTION_ARGS)
 Datum
 idem_stat_reset(PG_FUNCTION_ARGS)
 {
-	HASH_SEQ_STATUS hash_seq;
-	StatEntry  *entry;
-
 	(void) fcinfo;
 	require_stat_area();
 	LWLockAcquire(stat_shared->lock, LW_EXCLUSIVE);
-	hash_seq_init(&hash_seq, stat_hash);
-	while ((entry = hash_seq_search(&hash_seq)) != NULL)
-		hash_search(stat_hash, &entry->key, HASH_REMOVE, NULL);
-	SpinLockAcquire(&stat_shared->mutex);
-	stat_shared->evictions = 0;
-	stat_shared->stats_reset = GetCurrentTimestamp();
-	SpinLockRelease(&stat_shared->mutex);
+	stat_clear();
 	LWLockRelease(stat_shared->lock);
 	PG_RETURN_VOID();
 }
