@@ -74,11 +74,17 @@
 /* Columns of idem_stat_operations(): dbid, userid, operation, counters, time, since */
 #define STAT_COLUMNS	(3 + IDEM_STAT_NUM_COUNTERS + 2)
 
-/* What an entry is counted for.  Compared and hashed as bytes: zero-padded. */
+/*
+ * What an entry is counted for.  Compared as bytes: zero-padded.  An
+ * operation longer than the buffer is kept cut, with a hash of its whole
+ * name (zero for the names that fit), so that two operations sharing their
+ * first bytes are still counted apart.
+ */
 typedef struct StatKey
 {
 	Oid			dbid;
 	Oid			userid;
+	uint32		ophash;
 	char		operation[STAT_OPERATION_LEN];
 } StatKey;
 
@@ -105,11 +111,10 @@ typedef struct StatShared
 /* A write counted when its transaction commits. */
 typedef struct PendingCount
 {
-	Oid			userid;
+	StatKey		key;
 	IdemStatCounter counter;
 	int64		n;
 	int			nestlevel;		/* of the (sub)transaction that made it */
-	char		operation[STAT_OPERATION_LEN];
 } PendingCount;
 
 int			idem_stat_max = 5000;
@@ -250,7 +255,7 @@ stat_key_hash(const void *key, Size keysize pg_attribute_unused())
 
 /*
  * The key of the current database, a role and an operation (oplen bytes,
- * cut at a character boundary to fit).
+ * cut at a character boundary to fit, with the hash of the whole name).
  */
 static void
 make_key(StatKey *key, Oid userid, const char *operation, int oplen)
@@ -259,7 +264,11 @@ make_key(StatKey *key, Oid userid, const char *operation, int oplen)
 	key->dbid = MyDatabaseId;
 	key->userid = userid;
 	if (oplen >= STAT_OPERATION_LEN)
+	{
+		/* never zero, the hash of the names that fit */
+		key->ophash = hash_bytes((const unsigned char *) operation, oplen) | 1;
 		oplen = pg_mbcliplen(operation, oplen, STAT_OPERATION_LEN - 1);
+	}
 	memcpy(key->operation, operation, oplen);
 }
 
@@ -469,9 +478,8 @@ idem_stat_count_at_commit(Oid userid, const char *operation, int oplen,
 	if (npending > 0)
 	{
 		p = &pending[npending - 1];
-		if (p->userid == userid && p->counter == counter &&
-			p->nestlevel == nestlevel &&
-			strcmp(p->operation, key.operation) == 0)
+		if (p->counter == counter && p->nestlevel == nestlevel &&
+			memcmp(&p->key, &key, sizeof(StatKey)) == 0)
 		{
 			p->n += n;
 			return;
@@ -487,11 +495,10 @@ idem_stat_count_at_commit(Oid userid, const char *operation, int oplen,
 		maxpending = newmax;
 	}
 	p = &pending[npending++];
-	p->userid = userid;
+	p->key = key;
 	p->counter = counter;
 	p->n = n;
 	p->nestlevel = nestlevel;
-	memcpy(p->operation, key.operation, STAT_OPERATION_LEN);
 }
 
 /*
@@ -508,14 +515,9 @@ pending_flush(void)
 	now = GetCurrentTimestamp();
 	for (i = 0; i < npending; i++)
 	{
-		StatKey		key;
-
-		memset(&key, 0, sizeof(key));
-		key.dbid = MyDatabaseId;
-		key.userid = pending[i].userid;
-		memcpy(key.operation, pending[i].operation, STAT_OPERATION_LEN);
 		if (stat_hash != NULL)
-			add_to_entry(&key, pending[i].counter, pending[i].n, 0, now);
+			add_to_entry(&pending[i].key, pending[i].counter, pending[i].n,
+						 0, now);
 	}
 	npending = 0;
 }
