@@ -57,10 +57,10 @@ is($got, '2', 'a whole file loads');
 is($got, '0', 'a truncated file loads no entry');
 like($log, qr/ignoring invalid file/, 'a truncated file is logged');
 
-# The first entry's operation filled to the end of its buffer: no
-# terminating zero.
+# An entry's operation filled to the end of its buffer: no terminating
+# zero.
 my $bad = $saved;
-my $op_offset = $header_len + 8;    # after dbid and userid
+my $op_offset = index($saved, 'file.a', $header_len);
 substr($bad, $op_offset, 256) = 'x' x 256;
 ($got, $log) = start_with($bad);
 is($got, '0', 'an operation without its terminating zero loads no entry');
