@@ -30,6 +30,14 @@ $$;
 -- The application role gets the functions below and nothing on
 -- idem_records; the proxy connects to the shard as the role that called it.
 GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_replay TO idem_app;
+-- And version 1.1's idem_list, behind shard_list: the role's own records.
+DO $$
+BEGIN
+    IF to_regprocedure('idem_list(text, text, interval, integer)') IS NOT NULL THEN
+        GRANT EXECUTE ON FUNCTION idem_list(text, text, interval, integer) TO idem_app;
+    END IF;
+END
+$$;
 
 -- Which partition this database is.  PL/Proxy sends a call for a tenant to
 -- partition hashtext(tenant) & (partitions - 1).  When tenants are moved
