@@ -78,6 +78,7 @@ run_exporter_suite() {
     if ! exp_sql -d postgres -c "CREATE DATABASE $db" -c "CREATE ROLE $app LOGIN" \
         || ! exp_sql -d "$db" -c "CREATE EXTENSION idempotency" \
             -c "GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail TO $app" \
+            -c "ALTER ROLE $app SET idempotency.max_key_length = 400" \
         || ! exp_sql -d "$db" -f "$dir/grants.sql"; then
         exp_check "set-up of the database and the documented grants" ok failed
         failed_suites+=(exporter)
@@ -86,7 +87,8 @@ run_exporter_suite() {
 
     # The scripted run, as the application: proceed 5, replay 2, mismatch
     # 1, in_progress 1, unknown 1; completions 2, retryable failures 1, a
-    # lease expired to unknown 1.
+    # lease expired to unknown 1.  Then a proceed of each of two
+    # operations longer than 255 bytes that share their first 255.
     if ! as_postgres "$bindir/psql" -X -q -At -v ON_ERROR_STOP=1 -U "$app" -d "$db" >/dev/null <<EOF
 SELECT token AS t1 FROM idem_claim('$op', 'k1', '{"n": 1}') \\gset
 SELECT idem_complete(:'t1', 201, '{"id": 1}');
@@ -101,6 +103,8 @@ SELECT token AS t3 FROM idem_claim('$op', 'k3') \\gset
 SELECT idem_complete(:'t3', 200);
 SELECT outcome FROM idem_claim('$op', 'k4', lease => '1 microsecond');
 SELECT outcome FROM idem_claim('$op', 'k4');
+SELECT outcome FROM idem_claim(repeat('l', 255) || '-one', 'k1');
+SELECT outcome FROM idem_claim(repeat('l', 255) || '-two', 'k1');
 EOF
     then
         exp_check "the scripted run of claims" ok failed
@@ -162,6 +166,11 @@ EOF
             "$(exp_metric idem_stats_records "operation=\"$op\"" 'state="succeeded"')"
         exp_check "  ... idem_stat_operations_info_evictions = 0" 0 \
             "$(exp_metric idem_stat_operations_info_evictions)"
+        # Two operations of 257 bytes sharing their first 255: two rows of
+        # the view under one cut name, one metric.
+        exp_check "  ... idem_stat_operations_proceed of the two long operations = 2" 2 \
+            "$(exp_metric idem_stat_operations_proceed "database=\"$db\"" "role=\"$app\"" \
+                "operation=\"$(printf 'l%.0s' $(seq 255))\"")"
         v=$(grep -ciE 'level=(error|warn).*idem' "$dir/exporter.log" || true)
         exp_check "  ... no idem query refused or failed (exporter log)" 0 "$v"
     fi

@@ -154,6 +154,27 @@ DROP TRIGGER keep_poison ON idem_records;
 DROP FUNCTION keep_poison();
 TRUNCATE idem_records;
 
+-- A trigger may quote the key escaped: as a literal, an identifier, a
+-- field of a row or a JSON string.  Those forms of it are replaced too.
+TRUNCATE idem_records RESTART IDENTITY;
+SELECT pg_temp.add('esc''a"p\e,', 4, 'unknown', '1 hour');
+CREATE FUNCTION keep_quoted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION '%', CASE OLD.id
+    WHEN 1 THEN 'kept: ' || quote_literal(OLD.key)
+    WHEN 2 THEN 'kept: ' || quote_ident(OLD.key)
+    WHEN 3 THEN 'kept: ' || ROW(OLD.id, OLD.key)::text
+    ELSE 'kept: ' || to_json(OLD.key)::text END;
+END $$;
+CREATE TRIGGER keep_quoted BEFORE DELETE ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION keep_quoted();
+UPDATE idem_records SET state = 'succeeded', response_status = 200,
+       completed_at = now(), expires_at = now() - interval '1 day';
+SELECT idem_cleanup() AS deleted;
+DROP TRIGGER keep_quoted ON idem_records;
+DROP FUNCTION keep_quoted();
+TRUNCATE idem_records;
+
 --
 -- The kept plans name the extension's schema: after a rename they are
 -- prepared again under the new name.

@@ -191,6 +191,19 @@ SELECT count(*) FROM pg_temp.counts();
 SELECT evictions, stats_reset > now() - interval '1 hour' AS recent
   FROM idem_stat_operations_info;
 
+--
+-- 8. Operations longer than the 255 bytes kept of a name: two that share
+-- their first 255 bytes are counted apart, each under the cut name.
+--
+SELECT idem_stat_reset();
+SET idempotency.max_key_length = 400;
+SELECT outcome FROM idem_claim(repeat('l', 255) || '-one', 'k1');
+SELECT outcome FROM idem_claim(repeat('l', 255) || '-two', 'k1');
+SELECT outcome FROM idem_claim(repeat('l', 255) || '-two', 'k2');
+RESET idempotency.max_key_length;
+SELECT length(operation), proceed FROM pg_temp.counts()
+ WHERE operation LIKE 'lll%' ORDER BY proceed;
+
 \c contrib_regression
 DROP DATABASE idem_stat;
 DROP ROLE regress_stat_app, regress_stat_other, regress_stat_nobody;

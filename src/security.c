@@ -164,31 +164,118 @@ idem_key_hash_prefix(const char *key, int len)
 }
 
 /*
- * A message with every occurrence of a key replaced by "<key PREFIX>", for
- * errors raised by code that is not ours (a trigger, a constraint's cast)
- * that may quote the row.
+ * The key with each quote or backslash character preceded by the character
+ * in escapes at the same position of the set quotes ("'\"\\"): how
+ * quote_literal, quote_ident, a row's or an array's output and JSON write
+ * it.  A zero in escapes leaves that character as it is.
  */
-char *
-idem_redact_key(const char *message, const char *key)
+static char *
+escaped_key(const char *key, const char *escapes)
+{
+	static const char quotes[] = "'\"\\";
+	StringInfoData buf;
+	const char *p;
+
+	initStringInfo(&buf);
+	for (p = key; *p; p++)
+	{
+		const char *q = strchr(quotes, *p);
+
+		if (q != NULL && escapes[q - quotes] != '\0')
+			appendStringInfoChar(&buf, escapes[q - quotes]);
+		appendStringInfoChar(&buf, *p);
+	}
+	return buf.data;
+}
+
+/*
+ * Replace every occurrence of one form of a key by "<key PREFIX>".
+ */
+static char *
+replace_form(const char *message, const char *form, const char *prefix)
 {
 	StringInfoData buf;
 	const char *p = message;
 	const char *hit;
-	int			keylen = strlen(key);
-	char	   *prefix;
+	int			formlen = strlen(form);
 
-	if (keylen == 0 || strstr(message, key) == NULL)
-		return pstrdup(message);
-	prefix = idem_key_hash_prefix(key, keylen);
 	initStringInfo(&buf);
-	while ((hit = strstr(p, key)) != NULL)
+	while ((hit = strstr(p, form)) != NULL)
 	{
 		appendBinaryStringInfo(&buf, p, hit - p);
 		appendStringInfo(&buf, "<key %s>", prefix);
-		p = hit + keylen;
+		p = hit + formlen;
 	}
 	appendStringInfoString(&buf, p);
 	return buf.data;
+}
+
+/*
+ * A message with every occurrence of a key replaced by "<key PREFIX>", for
+ * errors raised by code that is not ours (a trigger, a constraint's cast)
+ * that may quote the row.  The key's escaped forms are replaced too, the
+ * longest first: as a literal (quote_literal, format's %L), an identifier
+ * (quote_ident, %I), a field of a row, an element of an array or a JSON
+ * string.
+ */
+char *
+idem_redact_key(const char *message, const char *key)
+{
+	/* escapes of ', " and \ in each form; '\0' for none */
+	static const char *const forms[] = {
+		"'\0\\",				/* quote_literal */
+		"'\0\0",				/* a literal without backslashes */
+		"\0\"\\",				/* a row's field */
+		"\0\"\0",				/* an identifier */
+		"\0\\\\",				/* an array element, JSON */
+	};
+	char	   *variants[lengthof(forms) + 1];
+	int			nvariants = 0;
+	char	   *result;
+	char	   *prefix;
+	int			i;
+	int			j;
+
+	if (key[0] == '\0')
+		return pstrdup(message);
+	variants[nvariants++] = pstrdup(key);
+	for (i = 0; i < lengthof(forms); i++)
+	{
+		char	   *form = escaped_key(key, forms[i]);
+		bool		seen = false;
+
+		for (j = 0; j < nvariants; j++)
+			seen |= strcmp(form, variants[j]) == 0;
+		if (seen)
+			pfree(form);
+		else
+			variants[nvariants++] = form;
+	}
+	/* longest first: a shorter form may be part of a longer one */
+	for (i = 1; i < nvariants; i++)
+		for (j = i; j > 0 && strlen(variants[j]) > strlen(variants[j - 1]); j--)
+		{
+			char	   *t = variants[j];
+
+			variants[j] = variants[j - 1];
+			variants[j - 1] = t;
+		}
+
+	prefix = idem_key_hash_prefix(key, strlen(key));
+	result = pstrdup(message);
+	for (i = 0; i < nvariants; i++)
+	{
+		if (strstr(result, variants[i]) != NULL)
+		{
+			char	   *next = replace_form(result, variants[i], prefix);
+
+			pfree(result);
+			result = next;
+		}
+		pfree(variants[i]);
+	}
+	pfree(prefix);
+	return result;
 }
 
 /*

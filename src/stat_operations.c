@@ -74,11 +74,17 @@
 /* Columns of idem_stat_operations(): dbid, userid, operation, counters, time, since */
 #define STAT_COLUMNS	(3 + IDEM_STAT_NUM_COUNTERS + 2)
 
-/* What an entry is counted for.  Compared and hashed as bytes: zero-padded. */
+/*
+ * What an entry is counted for.  Compared as bytes: zero-padded.  An
+ * operation longer than the buffer is kept cut, with a hash of its whole
+ * name (zero for the names that fit), so that two operations sharing their
+ * first bytes are still counted apart.
+ */
 typedef struct StatKey
 {
 	Oid			dbid;
 	Oid			userid;
+	uint32		ophash;
 	char		operation[STAT_OPERATION_LEN];
 } StatKey;
 
@@ -105,11 +111,10 @@ typedef struct StatShared
 /* A write counted when its transaction commits. */
 typedef struct PendingCount
 {
-	Oid			userid;
+	StatKey		key;
 	IdemStatCounter counter;
 	int64		n;
 	int			nestlevel;		/* of the (sub)transaction that made it */
-	char		operation[STAT_OPERATION_LEN];
 } PendingCount;
 
 int			idem_stat_max = 5000;
@@ -136,6 +141,8 @@ static void stat_shmem_request(void);
 static void stat_shmem_startup(void);
 static void stat_shmem_shutdown(int code, Datum arg);
 static void stat_load(void);
+static bool entry_is_valid(const StatEntry *entry);
+static void stat_clear(void);
 static uint32 stat_key_hash(const void *key, Size keysize);
 static void make_key(StatKey *key, Oid userid, const char *operation, int oplen);
 static void add_to_entry(const StatKey *key, IdemStatCounter counter, int64 n,
@@ -248,7 +255,7 @@ stat_key_hash(const void *key, Size keysize pg_attribute_unused())
 
 /*
  * The key of the current database, a role and an operation (oplen bytes,
- * cut at a character boundary to fit).
+ * cut at a character boundary to fit, with the hash of the whole name).
  */
 static void
 make_key(StatKey *key, Oid userid, const char *operation, int oplen)
@@ -257,7 +264,11 @@ make_key(StatKey *key, Oid userid, const char *operation, int oplen)
 	key->dbid = MyDatabaseId;
 	key->userid = userid;
 	if (oplen >= STAT_OPERATION_LEN)
+	{
+		/* never zero, the hash of the names that fit */
+		key->ophash = hash_bytes((const unsigned char *) operation, oplen) | 1;
 		oplen = pg_mbcliplen(operation, oplen, STAT_OPERATION_LEN - 1);
+	}
 	memcpy(key->operation, operation, oplen);
 }
 
@@ -467,9 +478,8 @@ idem_stat_count_at_commit(Oid userid, const char *operation, int oplen,
 	if (npending > 0)
 	{
 		p = &pending[npending - 1];
-		if (p->userid == userid && p->counter == counter &&
-			p->nestlevel == nestlevel &&
-			strcmp(p->operation, key.operation) == 0)
+		if (p->counter == counter && p->nestlevel == nestlevel &&
+			memcmp(&p->key, &key, sizeof(StatKey)) == 0)
 		{
 			p->n += n;
 			return;
@@ -485,11 +495,10 @@ idem_stat_count_at_commit(Oid userid, const char *operation, int oplen,
 		maxpending = newmax;
 	}
 	p = &pending[npending++];
-	p->userid = userid;
+	p->key = key;
 	p->counter = counter;
 	p->n = n;
 	p->nestlevel = nestlevel;
-	memcpy(p->operation, key.operation, STAT_OPERATION_LEN);
 }
 
 /*
@@ -506,14 +515,9 @@ pending_flush(void)
 	now = GetCurrentTimestamp();
 	for (i = 0; i < npending; i++)
 	{
-		StatKey		key;
-
-		memset(&key, 0, sizeof(key));
-		key.dbid = MyDatabaseId;
-		key.userid = pending[i].userid;
-		memcpy(key.operation, pending[i].operation, STAT_OPERATION_LEN);
 		if (stat_hash != NULL)
-			add_to_entry(&key, pending[i].counter, pending[i].n, 0, now);
+			add_to_entry(&pending[i].key, pending[i].counter, pending[i].n,
+						 0, now);
 	}
 	npending = 0;
 }
@@ -623,20 +627,63 @@ error:
 }
 
 /*
+ * Whether an entry read from the file is one this build could have written:
+ * its operation ends with a zero inside its buffer and the rest of the
+ * buffer is zero (keys are compared as bytes and hashed up to the zero).
+ */
+static bool
+entry_is_valid(const StatEntry *entry)
+{
+	const char *op = entry->key.operation;
+	const char *end = memchr(op, '\0', STAT_OPERATION_LEN);
+
+	if (end == NULL)
+		return false;
+	while (++end < op + STAT_OPERATION_LEN)
+		if (*end != '\0')
+			return false;
+	return true;
+}
+
+/*
+ * Forget every entry and the evictions: the table as at a first start.
+ * The caller holds the lock exclusive, or is the postmaster at start.
+ */
+static void
+stat_clear(void)
+{
+	HASH_SEQ_STATUS hash_seq;
+	StatEntry  *entry;
+
+	hash_seq_init(&hash_seq, stat_hash);
+	while ((entry = hash_seq_search(&hash_seq)) != NULL)
+		hash_search(stat_hash, &entry->key, HASH_REMOVE, NULL);
+	SpinLockAcquire(&stat_shared->mutex);
+	stat_shared->evictions = 0;
+	stat_shared->stats_reset = GetCurrentTimestamp();
+	SpinLockRelease(&stat_shared->mutex);
+}
+
+/*
  * Read the entries a clean shutdown saved, then delete the file, so that a
  * crash later does not bring back old counters.  Runs in the postmaster at
- * start, with the table empty.  A file that cannot be read is logged and
- * ignored.
+ * start, with the table empty.  A file that cannot be read, or is not whole
+ * and of this build's format (its length is not that of its header and
+ * entries, an entry's operation is not a zero-padded name), is logged and
+ * ignored: none of its entries is kept.
  */
 static void
 stat_load(void)
 {
 	FILE	   *file;
+	struct stat st;
 	uint32		header;
 	int32		n;
 	int32		i;
 	int64		evictions;
 	TimestampTz stats_reset;
+	const off_t header_len = sizeof(header) + sizeof(n) + sizeof(evictions) +
+		sizeof(stats_reset);
 
 	file = AllocateFile(STAT_DUMP_FILE, PG_BINARY_R);
 	if (file == NULL)
@@ -647,9 +694,12 @@ stat_load(void)
 					 errmsg("could not read file \"%s\": %m", STAT_DUMP_FILE)));
 		return;
 	}
-	if (fread(&header, sizeof(header), 1, file) != 1 ||
+	if (fstat(fileno(file), &st) != 0 ||
+		fread(&header, sizeof(header), 1, file) != 1 ||
 		header != STAT_FILE_HEADER ||
 		fread(&n, sizeof(n), 1, file) != 1 ||
+		n < 0 ||
+		st.st_size != header_len + (off_t) n * (off_t) sizeof(StatEntry) ||
 		fread(&evictions, sizeof(evictions), 1, file) != 1 ||
 		fread(&stats_reset, sizeof(stats_reset), 1, file) != 1)
 		goto error;
@@ -660,7 +710,8 @@ stat_load(void)
 		StatEntry	temp;
 		StatEntry  *entry;
 
-		if (fread(&temp, sizeof(StatEntry), 1, file) != 1)
+		if (fread(&temp, sizeof(StatEntry), 1, file) != 1 ||
+			!entry_is_valid(&temp))
 			goto error;
 		/* a smaller idempotency.stat_max keeps the most recently used */
 		entry = entry_alloc(&temp.key, temp.last_used);
@@ -679,6 +730,7 @@ error:
 	ereport(LOG,
 			(errcode(ERRCODE_DATA_CORRUPTED),
 			 errmsg("ignoring invalid file \"%s\"", STAT_DUMP_FILE)));
+	stat_clear();
 	FreeFile(file);
 	unlink(STAT_DUMP_FILE);
 }
@@ -781,19 +833,10 @@ idem_stat_operations_info(PG_FUNCTION_ARGS)
 Datum
 idem_stat_reset(PG_FUNCTION_ARGS)
 {
-	HASH_SEQ_STATUS hash_seq;
-	StatEntry  *entry;
-
 	(void) fcinfo;
 	require_stat_area();
 	LWLockAcquire(stat_shared->lock, LW_EXCLUSIVE);
-	hash_seq_init(&hash_seq, stat_hash);
-	while ((entry = hash_seq_search(&hash_seq)) != NULL)
-		hash_search(stat_hash, &entry->key, HASH_REMOVE, NULL);
-	SpinLockAcquire(&stat_shared->mutex);
-	stat_shared->evictions = 0;
-	stat_shared->stats_reset = GetCurrentTimestamp();
-	SpinLockRelease(&stat_shared->mutex);
+	stat_clear();
 	LWLockRelease(stat_shared->lock);
 	PG_RETURN_VOID();
 }
