@@ -211,4 +211,22 @@ RESET ROLE;
 DROP ROLE regress_archive_app;
 TRUNCATE idem_records_archive;
 
+--
+-- A backlog past both cutoffs is deleted, never purged first: when cleanup
+-- stops at max_batches, purge leaves the rest to the next run's deletion
+-- instead of rewriting rows that are about to go, and purges the records
+-- of its own window.
+--
+TRUNCATE idem_records;
+SELECT count(pg_temp.finished('backlog-' || g, '8 days')) AS backlog
+  FROM generate_series(1, 5) AS g;
+SELECT pg_temp.finished('in-window', '1 hour') AS window_id \gset
+SELECT idem_cleanup(2, 1) AS cleaned;
+SELECT count(*) AS backlog_left,
+       count(*) FILTER (WHERE response_body IS NULL) AS backlog_purged
+  FROM idem_records WHERE key LIKE 'backlog-%';
+SELECT * FROM pg_temp.kept(:window_id);
+SELECT idem_cleanup(2, 2) AS cleaned;
+SELECT count(*) AS backlog_left FROM idem_records WHERE key LIKE 'backlog-%';
+
 TRUNCATE idem_records;

@@ -34,13 +34,18 @@
  * an error instead of changing records that could not be copied; the lease
  * pass goes on.
  *
- * Deleting first leaves purge nothing to do for records that are past both
- * cutoffs.  With tombstone_ttl 0 purge does not run and cleanup deletes as
- * version 1.0 did; so it does on a table still at 1.0 (the columns to
- * purge are 1.1's), unless archiving is asked for.  Purge picks its rows through idem_records_unpurged, an
+ * Purge leaves the records past both cutoffs to cleanup, which runs
+ * first: when cleanup stops at idempotency.cleanup_max_batches with a
+ * backlog left, rewriting that backlog's rows as tombstones just before
+ * they are deleted would double the work of draining it.  (A record that
+ * cleanup cannot delete, because a trigger or a foreign key refuses,
+ * therefore keeps its response until it can.)  With tombstone_ttl 0 purge
+ * does not run and cleanup deletes as version 1.0 did; so it does on a
+ * table still at 1.0 (the columns to purge are 1.1's), unless archiving
+ * is asked for.  Purge picks its rows through idem_records_unpurged, an
  * index of the records that still hold a response, so that it never walks
- * the tombstones it made; cleanup reads idem_records_expiry from the oldest
- * expiry on, which holds only rows it deletes.
+ * the tombstones it made; cleanup reads idem_records_expiry from the
+ * oldest expiry on, which holds only rows it deletes.
  *
  * Each pass is one statement that picks at most N rows in index order with
  * FOR UPDATE SKIP LOCKED and changes them:
@@ -117,11 +122,12 @@ PG_FUNCTION_INFO_V1(idem_expire_leases);
 PG_FUNCTION_INFO_V1(idem_cleanup);
 
 /* The number of parameters of every maintenance statement. */
-#define PASS_NARGS	3
+#define PASS_NARGS	4
 
 /*
  * The kept plans of one pass, all taking ($1 timestamptz cutoff,
- * $2 integer limit, $3 bigint[] ids):
+ * $2 integer limit, $3 bigint[] ids, $4 timestamptz cleanup cutoff, which
+ * only purge reads):
  *	 batch: change at most $2 rows, leaving out the ids $3
  *	 pick:  lock and return the ids the batch would change
  *	 one:   change the rows whose ids are $3 (picked and locked already)
@@ -160,7 +166,7 @@ static void prepare_pass_plans(PassPlans *pp, const char *action,
 							   const char *selection, const char *archive);
 static char *archive_cte(const char *nsp);
 static SPIPlanPtr prepare_kept_plan(const char *query);
-static TimestampTz pass_cutoff(IdemPass pass);
+static TimestampTz pass_cutoff(IdemPass pass, TimestampTz now);
 static bool pass_enabled(IdemPass pass);
 static Datum ids_array(const int64 *ids, int n);
 static uint64 execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values);
@@ -354,6 +360,7 @@ idem_maintenance_prepare(Oid extoid)
 				"        OR p.response_sealed IS NOT NULL"
 				"        OR p.resource_id IS NOT NULL)"
 				"   AND p.expires_at OPERATOR(pg_catalog.<) $1"
+				"   AND p.expires_at OPERATOR(pg_catalog.>=) $4"
 				"   AND p.id OPERATOR(pg_catalog.<>) ALL ($3)"
 				" ORDER BY p.expires_at"
 				" LIMIT $2"
@@ -441,7 +448,8 @@ archive_cte(const char *nsp)
 static SPIPlanPtr
 prepare_kept_plan(const char *query)
 {
-	Oid			argtypes[PASS_NARGS] = {TIMESTAMPTZOID, INT4OID, INT8ARRAYOID};
+	Oid			argtypes[PASS_NARGS] = {TIMESTAMPTZOID, INT4OID, INT8ARRAYOID,
+	TIMESTAMPTZOID};
 	SPIPlanPtr	plan;
 
 	plan = SPI_prepare(query, PASS_NARGS, argtypes);
@@ -474,9 +482,8 @@ idem_pass_begin(IdemPassRun *run, IdemPass pass)
  * tombstones.
  */
 static TimestampTz
-pass_cutoff(IdemPass pass)
+pass_cutoff(IdemPass pass, TimestampTz now)
 {
-	TimestampTz now = GetCurrentTimestamp();
 	int64		back_s = idem_cleanup_grace_s;
 
 	if (pass == IDEM_PASS_LEASES)
@@ -529,6 +536,7 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	ErrorData  *edata;
 	int			picked;
 	int64		changed;
+	TimestampTz now;
 
 	if (!pass_enabled(run->pass))
 	{
@@ -553,9 +561,12 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 				 errdetail("idempotency.cleanup_action is \"archive\": no record is purged or deleted without its copy."),
 				 errhint("Give the table back its name, or set idempotency.cleanup_action to \"delete\".")));
 	}
-	values[0] = TimestampTzGetDatum(pass_cutoff(run->pass));
+	now = GetCurrentTimestamp();
+	values[0] = TimestampTzGetDatum(pass_cutoff(run->pass, now));
 	values[1] = Int32GetDatum(limit);
 	values[2] = ids_array(run->skipped, run->nskipped);
+	/* purge leaves what cleanup deletes: rewriting it first would be lost work */
+	values[3] = TimestampTzGetDatum(pass_cutoff(IDEM_PASS_CLEANUP, now));
 
 	if (execute_in_subtransaction(run->pass, plans[run->pass].batch, values,
 								  &processed, &edata))
