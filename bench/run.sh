@@ -227,6 +227,35 @@ lat_stats() {
         END { if (NR == 0) { print "0 0 0"; exit } printf "%d %.3f %.3f\n", NR, pct(0.5), pct(0.99) }'
 }
 
+# The CPU time, in clock ticks, the server has used so far: the postmaster,
+# its live children and (cutime, cstime) the children it has reaped, such
+# as the backends of a pgbench run that ended.  Unlike tps, it does not
+# depend on what else the machine runs.
+server_ticks() {
+    local pm
+    pm=$(head -1 "$IDEM_TMP/data/postmaster.pid")
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pm="$pm" '
+        { pid = $1; sub(/^.*\) /, "") }
+        pid == pm { t += $12 + $13 + $14 + $15 }
+        $2 == pm { t += $12 + $13 }
+        END { print t }'
+}
+
+# Wait until the postmaster has no more children than n: a run's backends
+# have exited and been reaped, so that their time is in server_ticks.
+wait_children() {
+    local i
+    for i in $(seq 1 100); do
+        [ "$(children)" -le "$1" ] && return 0
+        sleep 0.05
+    done
+}
+children() {
+    local pm
+    pm=$(head -1 "$IDEM_TMP/data/postmaster.pid")
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pm="$pm" '{ sub(/^.*\) /, "") } $2 == pm' | wc -l
+}
+
 needs_bench_db() {
     as_postgres "$bindir/createdb" bench
     psql_bench -c "CREATE EXTENSION idempotency"
@@ -243,8 +272,12 @@ needs_bench_db() {
 # five executions).  A round runs every variant of every protocol one
 # after the other; results are "protocol:variant<TAB>tps".
 part_tps() {
-    local results=$IDEM_TMP/results.tsv round w v p tps opts dir f
-    : >"$results"
+    local results=$IDEM_TMP/results.tsv cpu_results=$IDEM_TMP/cpu.tsv
+    local round w v p tps opts dir f out tx ticks kids cpu
+    : >"$results"; : >"$cpu_results"
+    # Each round ends with VACUUM ANALYZE: an autovacuum started by one
+    # variant's writes must not run during (and count against) another's.
+    psql_bench -c "ALTER SYSTEM SET autovacuum = off" -c "SELECT pg_reload_conf()" >/dev/null
     # In simple mode pgbench pastes a variable's value into the statement's
     # text: the token (text) needs quotes there, and only there.
     as_postgres mkdir -p "$IDEM_TMP/simple"
@@ -269,17 +302,25 @@ part_tps() {
                     [ "$v" = new_ext_sync ] && opts="-c idempotency.synchronous_outcomes=on"
                     dir=$W
                     [ "$p" = simple ] && dir=$IDEM_TMP/simple
-                    tps=$(as_postgres env PGOPTIONS="$opts" "$bindir/pgbench" -n -M "$p" -c "$CLIENTS" -j 2 \
-                        -T "$RUN_SECONDS" -D keys="$KEYS" -f "$dir/${v%_sync}.sql" bench 2>&1 |
-                        sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
-                    [ -n "$tps" ] || { log "pgbench failed for $v ($p)"; return 1; }
+                    kids=$(children); ticks=$(server_ticks)
+                    out=$(as_postgres env PGOPTIONS="$opts" "$bindir/pgbench" -n -M "$p" -c "$CLIENTS" -j 2 \
+                        -T "$RUN_SECONDS" -D keys="$KEYS" -f "$dir/${v%_sync}.sql" bench 2>&1)
+                    wait_children "$kids"
+                    ticks=$(( $(server_ticks) - ticks ))
+                    tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
+                    tx=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
+                    [ -n "$tps" ] && [ -n "$tx" ] || { log "pgbench failed for $v ($p)"; return 1; }
+                    # the server's CPU time per transaction, in microseconds
+                    cpu=$(awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="$tx" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')
                     printf '%s:%s\t%s\n' "$p" "$v" "$tps" >>"$results"
-                    printf '  %-9s %-18s %10.0f tps\n' "$p" "$v" "$tps" >&2
+                    printf '%s:%s\t%s\n' "$p" "$v" "$cpu" >>"$cpu_results"
+                    printf '  %-9s %-18s %10.0f tps %8.1f µs server CPU per transaction\n' "$p" "$v" "$tps" "$cpu" >&2
                 done
             done
         done
         psql_bench -c "VACUUM ANALYZE"
     done
+    psql_bench -c "ALTER SYSTEM RESET autovacuum" -c "SELECT pg_reload_conf()" >/dev/null
     {
         echo "### Throughput: the extension against the floors and the PL/pgSQL peer, three protocols"
         echo
@@ -312,6 +353,24 @@ part_tps() {
                 "$(rr "$p:new_ext" "$p:new_floor")" "$(rr "$p:replay_ext" "$p:replay_floor")" \
                 "$(rr "$p:replay_ext" "$p:replay_floor_hash")" "$(rr "$p:replay_ext" "$p:replay_peer")" \
                 "$(rr "$p:inprogress_ext" "$p:inprogress_peer")"
+        done
+        echo
+        echo "The server's CPU time (user + system, every server process) per transaction, in µs, median of the rounds;"
+        echo "steadier than tps on a shared machine. Ratios are baseline / extension, medians of the rounds' ratios:"
+        echo "above 1 the extension uses less CPU than the baseline."
+        echo
+        echo "| protocol | new keys: extension | HOT floor | floor | peer | replays: extension | bare SELECT | SELECT + sha256 | peer | new keys vs peer | vs HOT floor | replays vs bare SELECT | vs SELECT + sha256 |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for p in $PROTOCOLS; do
+            (
+                results=$cpu_results
+                c() { if has_variant "$1"; then tps_of "$1" | awk '{ printf "%.0f", $1 }'; else echo -; fi; }
+                printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$p" \
+                    "$(c "$p:new_ext")" "$(c "$p:new_floor_hot")" "$(c "$p:new_floor")" "$(c "$p:new_peer")" \
+                    "$(c "$p:replay_ext")" "$(c "$p:replay_floor")" "$(c "$p:replay_floor_hash")" "$(c "$p:replay_peer")" \
+                    "$(rr "$p:new_peer" "$p:new_ext")" "$(rr "$p:new_floor_hot" "$p:new_ext")" \
+                    "$(rr "$p:replay_floor" "$p:replay_ext")" "$(rr "$p:replay_floor_hash" "$p:replay_ext")"
+            )
         done
         echo
         if has_variant prepared:new_ext_sync; then
