@@ -229,4 +229,47 @@ SELECT * FROM pg_temp.kept(:window_id);
 SELECT idem_cleanup(2, 2) AS cleaned;
 SELECT count(*) AS backlog_left FROM idem_records WHERE key LIKE 'backlog-%';
 
+
+--
+-- A record past both cutoffs whose deletion is refused (here by a trigger;
+-- a foreign key of the application's does the same) is skipped by cleanup
+-- with a warning; purge leaves that range to cleanup, so cleanup purges it
+-- itself: it does not keep its response past the expiry.  The next run
+-- tries the deletion again and does not rewrite the tombstone.
+--
+TRUNCATE idem_records RESTART IDENTITY;
+CREATE FUNCTION pg_temp.refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.key LIKE 'refused-%' THEN
+    RAISE EXCEPTION 'deletion refused by the application';
+  END IF;
+  RETURN OLD;
+END $$;
+CREATE TRIGGER refuse_delete BEFORE DELETE ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_delete();
+SELECT pg_temp.finished('refused-1', '8 days') AS refused_id \gset
+SELECT count(pg_temp.finished('gone-' || g, '8 days')) AS deletable
+  FROM generate_series(1, 3) AS g;
+SELECT idem_cleanup(2, 5) AS cleaned;
+SELECT key FROM idem_records ORDER BY key;
+SELECT * FROM pg_temp.kept(:refused_id);
+SELECT xmin AS xmin_tombstone FROM idem_records WHERE id = :refused_id \gset
+SELECT idem_cleanup(2, 5) AS cleaned;
+SELECT xmin = :'xmin_tombstone' AS not_rewritten
+  FROM idem_records WHERE id = :refused_id;
+-- With archiving, the refused record is copied once, with its response,
+-- before it is purged, and not again at the next run.
+SET idempotency.cleanup_action = 'archive';
+SELECT pg_temp.finished('refused-2', '8 days') AS refused2_id \gset
+SELECT idem_cleanup(2, 5) AS cleaned;
+SELECT idem_cleanup(2, 5) AS cleaned;
+SELECT count(*) AS copies, bool_and(response_body IS NOT NULL) AS with_response
+  FROM idem_records_archive WHERE id = :refused2_id;
+SELECT * FROM pg_temp.kept(:refused2_id);
+RESET idempotency.cleanup_action;
+TRUNCATE idem_records_archive;
+DROP TRIGGER refuse_delete ON idem_records;
+SELECT idem_cleanup(2, 5) AS cleaned;
+SELECT count(*) AS left_over FROM idem_records;
+
 TRUNCATE idem_records;

@@ -37,9 +37,10 @@
  * Purge leaves the records past both cutoffs to cleanup, which runs
  * first: when cleanup stops at idempotency.cleanup_max_batches with a
  * backlog left, rewriting that backlog's rows as tombstones just before
- * they are deleted would double the work of draining it.  (A record that
- * cleanup cannot delete, because a trigger or a foreign key refuses,
- * therefore keeps its response until it can.)  With tombstone_ttl 0 purge
+ * they are deleted would double the work of draining it.  A record that
+ * cleanup cannot delete, because a trigger or a foreign key refuses, is
+ * therefore purged by cleanup itself when it skips it (purge_refused()),
+ * so that it does not keep its response.  With tombstone_ttl 0 purge
  * does not run and cleanup deletes as version 1.0 did; so it does on a
  * table still at 1.0 (the columns to purge are 1.1's), unless archiving
  * is asked for.  Purge picks its rows through idem_records_unpurged, an
@@ -163,7 +164,8 @@ static bool plans_archive_missing = false;	/* archive wanted, table gone */
 
 static void free_pass_plans(PassPlans *pp);
 static void prepare_pass_plans(PassPlans *pp, const char *action,
-							   const char *selection, const char *archive);
+							   const char *selection, const char *one_ids,
+							   const char *archive);
 static char *archive_cte(const char *nsp);
 static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass, TimestampTz now);
@@ -176,7 +178,9 @@ static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
 									  ErrorData **edata);
 static bool error_concerns_rows(int sqlerrcode);
 static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
-static void skip_record(IdemPassRun *run, int64 id, ErrorData *edata);
+static bool purge_refused(IdemPassRun *run, int64 id, Datum *values);
+static void skip_record(IdemPassRun *run, int64 id, ErrorData *edata,
+						bool purged);
 static char *record_key(int64 id);
 static int	positive_argument(FunctionCallInfo fcinfo, int argno,
 							  const char *name, int setting);
@@ -318,7 +322,7 @@ idem_maintenance_prepare(Oid extoid)
 			" ORDER BY l.locked_until"
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
-			nsp, nsp), NULL);
+			nsp, nsp), NULL, NULL);
 
 		prepare_pass_plans(&built[IDEM_PASS_CLEANUP],
 						   psprintf(
@@ -334,12 +338,15 @@ idem_maintenance_prepare(Oid extoid)
 			" ORDER BY c.expires_at"
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
-			nsp, nsp), archive_sql);
+			nsp, nsp), NULL, archive_sql);
 
 		/*
 		 * The response conditions are those of idem_records_unpurged's
 		 * predicate, word for word, so that the planner can use it.
 		 * updated_at stays: the tombstone keeps the record's timestamps.
+		 * The "one" plan changes only those of the ids $3 that still hold a
+		 * response: it also purges the records whose deletion cleanup had
+		 * to skip (purge_refused()), and must never rewrite a tombstone.
 		 */
 		if (tombstones)
 			prepare_pass_plans(&built[IDEM_PASS_PURGE],
@@ -365,7 +372,16 @@ idem_maintenance_prepare(Oid extoid)
 				" ORDER BY p.expires_at"
 				" LIMIT $2"
 				" FOR UPDATE SKIP LOCKED",
-				nsp, nsp), archive_sql);
+				nsp, nsp),
+							   psprintf(
+				"ARRAY(SELECT o.id FROM %s.idem_records AS o"
+				" WHERE o.id OPERATOR(pg_catalog.=) ANY ($3)"
+				"   AND (o.response_headers IS NOT NULL"
+				"        OR o.response_body IS NOT NULL"
+				"        OR o.response_raw_body IS NOT NULL"
+				"        OR o.response_sealed IS NOT NULL"
+				"        OR o.resource_id IS NOT NULL))",
+				nsp), archive_sql);
 	}
 	PG_CATCH();
 	{
@@ -387,17 +403,21 @@ idem_maintenance_prepare(Oid extoid)
 /*
  * Prepare the three plans of a pass from its action (an UPDATE or DELETE
  * ending in "WHERE r.id = ANY ") and its selection (the locking SELECT of
- * the ids).  With archive (the WITH item archive_cte() makes), the ids are
+ * the ids).  one_ids is the id list of the "one" plan, "$3" when NULL.
+ * With archive (the WITH item archive_cte() makes), the ids are
  * picked once, in a WITH item both the copy and the action read.  The
  * plans already prepared stay in *pp when an error ends this half-way, for
  * the caller to free.
  */
 static void
 prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
-				   const char *archive)
+				   const char *one_ids, const char *archive)
 {
 	/* what count_pass_rows() reads; the state is the new one */
 	const char *returning = " RETURNING r.role, r.operation, r.state";
+
+	if (one_ids == NULL)
+		one_ids = "$3";
 
 	/*
 	 * The cast makes the id list an expression (an InitPlan run once), not
@@ -407,7 +427,8 @@ prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
 	{
 		pp->batch = prepare_kept_plan(psprintf("%s(ARRAY(%s))%s", action,
 											   selection, returning));
-		pp->one = prepare_kept_plan(psprintf("%s($3)%s", action, returning));
+		pp->one = prepare_kept_plan(psprintf("%s(%s)%s", action, one_ids,
+											 returning));
 	}
 	else
 	{
@@ -415,8 +436,8 @@ prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
 			"WITH ids AS (SELECT ARRAY(%s) AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])%s",
 			selection, archive, action, returning));
 		pp->one = prepare_kept_plan(psprintf(
-			"WITH ids AS (SELECT $3 AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])%s",
-			archive, action, returning));
+			"WITH ids AS (SELECT %s AS a), %s %s((SELECT a FROM ids)::pg_catalog.int8[])%s",
+			one_ids, archive, action, returning));
 	}
 	pp->pick = prepare_kept_plan(selection);
 }
@@ -625,11 +646,45 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 									  &processed, &edata))
 			changed += (int64) processed;
 		else
-			skip_record(run, ids[i], edata);
+			skip_record(run, ids[i], edata,
+						run->pass == IDEM_PASS_CLEANUP &&
+						purge_refused(run, ids[i], values));
 	}
 
 	*picked = n;
 	return changed;
+}
+
+/*
+ * Purge a record whose deletion cleanup had to skip (a trigger or a foreign
+ * key refused it), in a subtransaction of its own, when tombstones are
+ * kept.  Purge leaves the records past the cleanup cutoff to cleanup, so
+ * without this a record that cannot be deleted would keep its response
+ * long past its expiry.  The record is still locked by the cleanup run and
+ * was picked past the cleanup cutoff, which lies before purge's; the plan
+ * leaves a record that holds no response (a tombstone already) alone, so
+ * that it is not rewritten at every run.  Returns whether the record is a
+ * tombstone now, counting it in run->purged when it just became one; a
+ * purge that fails too leaves the record as it is.
+ */
+static bool
+purge_refused(IdemPassRun *run, int64 id, Datum *values)
+{
+	uint64		processed;
+	ErrorData  *edata;
+
+	if (!pass_enabled(IDEM_PASS_PURGE))
+		return false;
+	Assert(plans[IDEM_PASS_PURGE].one != NULL);
+	values[2] = ids_array(&id, 1);
+	if (!execute_in_subtransaction(IDEM_PASS_PURGE, plans[IDEM_PASS_PURGE].one,
+								   values, &processed, &edata))
+	{
+		FreeErrorData(edata);
+		return false;
+	}
+	run->purged += (int64) processed;
+	return true;
 }
 
 /*
@@ -640,7 +695,7 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
  * a trigger or a constraint of the owner's may have put there.
  */
 static void
-skip_record(IdemPassRun *run, int64 id, ErrorData *edata)
+skip_record(IdemPassRun *run, int64 id, ErrorData *edata, bool purged)
 {
 	const PassDef *def = &pass_defs[run->pass];
 	MemoryContext oldcontext;
@@ -662,6 +717,8 @@ skip_record(IdemPassRun *run, int64 id, ErrorData *edata)
 			(errcode(edata->sqlerrcode),
 			 errmsg("idempotency %s skipped record %lld (key hash %s): %s",
 					def->name, (long long) id, key_hash, message),
+			 purged ?
+			 errdetail("The record is kept as a tombstone, its response purged, and its deletion tried again by the next pass; the other records are processed.") :
 			 errdetail("The record is left as it is and tried again by the next pass; the other records are processed.")));
 
 	oldcontext = MemoryContextSwitchTo(run->context);
@@ -982,6 +1039,7 @@ idem_cleanup(PG_FUNCTION_ARGS)
 			changed += idem_pass_batch(&run, batch_size, &more);
 			CHECK_FOR_INTERRUPTS();
 		}
+		changed += run.purged;
 	}
 	SPI_finish();
 

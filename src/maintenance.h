@@ -32,6 +32,7 @@ typedef struct IdemPassRun
 	int			nskipped;
 	int			maxskipped;
 	char	   *last_skip;		/* message about the last one, or NULL */
+	int64		purged;			/* cleanup: records purged, not deleted */
 } IdemPassRun;
 
 extern Oid	idem_installed_extension(void);
