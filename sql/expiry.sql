@@ -272,4 +272,29 @@ DROP TRIGGER refuse_delete ON idem_records;
 SELECT idem_cleanup(2, 5) AS cleaned;
 SELECT count(*) AS left_over FROM idem_records;
 
+
+--
+-- A trigger may also refuse a deletion silently (a BEFORE DELETE trigger
+-- returning NULL): no error, the row just stays.  The records it keeps
+-- must not hold the others back: with more of them than a batch holds,
+-- cleanup still deletes the rest, and they keep no response either.
+--
+TRUNCATE idem_records RESTART IDENTITY;
+CREATE FUNCTION pg_temp.keep_silently() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.key LIKE 'silent-%' THEN
+    RETURN NULL;
+  END IF;
+  RETURN OLD;
+END $$;
+CREATE TRIGGER keep_silently BEFORE DELETE ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION pg_temp.keep_silently();
+SELECT count(pg_temp.finished('silent-' || g, '9 days')) AS silent
+  FROM generate_series(1, 3) AS g;
+SELECT count(pg_temp.finished('gone-' || g, '8 days')) AS deletable
+  FROM generate_series(1, 3) AS g;
+SELECT idem_cleanup(2, 5) AS cleaned;
+SELECT key, response_body IS NULL AS purged FROM idem_records ORDER BY key;
+DROP TRIGGER keep_silently ON idem_records;
+
 TRUNCATE idem_records;

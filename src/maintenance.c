@@ -88,7 +88,9 @@
  * every batch either changes
  * rows or sets aside new ones: the skipped rows, always first in the
  * index order, can never hold the good ones back.  The next run tries them
- * again.  The batch that succeeds, the usual case, costs one
+ * again.  A row that a trigger keeps without an error (a BEFORE trigger
+ * returning NULL) is set aside the same way, found by picking again after
+ * a batch that changed fewer rows than its limit (set_aside_kept()).  The batch that succeeds, the usual case, costs one
  * subtransaction more than the statement alone.
  *
  * The background worker runs each batch in a transaction of its own
@@ -178,6 +180,7 @@ static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
 									  ErrorData **edata);
 static bool error_concerns_rows(int sqlerrcode);
 static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
+static int	set_aside_kept(IdemPassRun *run, Datum *values, int limit);
 static bool purge_refused(IdemPassRun *run, int64 id, Datum *values);
 static void skip_record(IdemPassRun *run, int64 id, ErrorData *edata,
 						bool purged);
@@ -592,7 +595,13 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	if (execute_in_subtransaction(run->pass, plans[run->pass].batch, values,
 								  &processed, &edata))
 	{
-		*more = (processed >= (uint64) limit);
+		/*
+		 * Fewer rows than the limit: the end of the work, or rows that a
+		 * trigger kept without an error (a BEFORE trigger returning NULL),
+		 * which the next batch would pick first again.
+		 */
+		*more = (processed >= (uint64) limit) ||
+			set_aside_kept(run, values, limit - (int) processed) > 0;
 		return (int64) processed;
 	}
 
@@ -656,6 +665,49 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 }
 
 /*
+ * After a batch that changed fewer rows than its limit, pick again (at most
+ * limit rows, locking them): the rows found now are those the batch left
+ * unchanged without an error, because a BEFORE trigger returned NULL, and
+ * are still locked by us; rarely, a row that became due meanwhile.  They
+ * are set aside as skipped records, so that later batches go past them
+ * instead of picking them first again and changing nothing, which stopped
+ * the pass for good once a batch held nothing else.  Cleanup purges them
+ * (purge_refused()).  Returns how many were set aside; usually none, at the
+ * cost of one more index probe at the end of a pass.
+ */
+static int
+set_aside_kept(IdemPassRun *run, Datum *values, int limit)
+{
+	int64	   *ids;
+	int			n;
+	int			i;
+	int			ret;
+
+	values[1] = Int32GetDatum(limit);
+	ret = SPI_execute_plan(plans[run->pass].pick, values, NULL, false, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "idempotency maintenance statement failed: %s",
+			 SPI_result_code_string(ret));
+	n = (int) SPI_processed;
+	ids = palloc(sizeof(int64) * Max(n, 1));
+	for (i = 0; i < n; i++)
+	{
+		bool		isnull;
+
+		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+											 SPI_tuptable->tupdesc, 1,
+											 &isnull));
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	for (i = 0; i < n; i++)
+		skip_record(run, ids[i], NULL,
+					run->pass == IDEM_PASS_CLEANUP &&
+					purge_refused(run, ids[i], values));
+	return n;
+}
+
+/*
  * Purge a record whose deletion cleanup had to skip (a trigger or a foreign
  * key refused it), in a subtransaction of its own, when tombstones are
  * kept.  Purge leaves the records past the cleanup cutoff to cleanup, so
@@ -692,7 +744,9 @@ purge_refused(IdemPassRun *run, int64 id, Datum *values)
  * list of skipped records.  The message names the record by its id and its
  * key's hash prefix, never its key: the error's detail, which may quote the
  * row, is left out, and the key is taken out of the error's message, which
- * a trigger or a constraint of the owner's may have put there.
+ * a trigger or a constraint of the owner's may have put there.  edata is
+ * NULL for a record that its statement left unchanged without an error
+ * (set_aside_kept()).  purged says that cleanup made it a tombstone.
  */
 static void
 skip_record(IdemPassRun *run, int64 id, ErrorData *edata, bool purged)
@@ -703,18 +757,16 @@ skip_record(IdemPassRun *run, int64 id, ErrorData *edata, bool purged)
 	char	   *message;
 	char	   *key_hash;
 
-	if (key != NULL)
-	{
+	if (edata == NULL)
+		message = pstrdup("its statement left it unchanged (a trigger may have kept it)");
+	else if (key != NULL)
 		message = idem_redact_key(edata->message, key);
-		key_hash = idem_key_hash_prefix(key, strlen(key));
-	}
 	else
-	{
 		message = pstrdup(edata->message);
-		key_hash = pstrdup("-");
-	}
+	key_hash = key != NULL ? idem_key_hash_prefix(key, strlen(key)) :
+		pstrdup("-");
 	ereport(WARNING,
-			(errcode(edata->sqlerrcode),
+			(errcode(edata != NULL ? edata->sqlerrcode : ERRCODE_WARNING),
 			 errmsg("idempotency %s skipped record %lld (key hash %s): %s",
 					def->name, (long long) id, key_hash, message),
 			 purged ?
@@ -735,7 +787,8 @@ skip_record(IdemPassRun *run, int64 id, ErrorData *edata, bool purged)
 	run->last_skip = psprintf("%s skipped record %lld (key hash %s): %s", def->name,
 							  (long long) id, key_hash, message);
 	MemoryContextSwitchTo(oldcontext);
-	FreeErrorData(edata);
+	if (edata != NULL)
+		FreeErrorData(edata);
 }
 
 /*
