@@ -297,4 +297,18 @@ SELECT idem_cleanup(2, 5) AS cleaned;
 SELECT key, response_body IS NULL AS purged FROM idem_records ORDER BY key;
 DROP TRIGGER keep_silently ON idem_records;
 
+
+--
+-- tombstone_ttl at its maximum (about 68 years) puts the cleanup cutoff in
+-- the 1950s, well inside the calendar: a record that expired 60 years ago
+-- is purged, one from 1900 is deleted, nothing wraps or fails.
+--
+TRUNCATE idem_records RESTART IDENTITY;
+SET idempotency.tombstone_ttl = 2147483647;
+SELECT count(pg_temp.finished('sixty-years', '60 years'));
+SELECT count(pg_temp.finished('in-1900', now() - '1900-01-01'::timestamptz));
+SELECT idem_cleanup() AS cleaned;
+SELECT key, response_body IS NULL AS purged FROM idem_records ORDER BY key;
+RESET idempotency.tombstone_ttl;
+
 TRUNCATE idem_records;
