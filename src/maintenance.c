@@ -90,8 +90,9 @@
  * index order, can never hold the good ones back.  The next run tries them
  * again.  A row that a trigger keeps without an error (a BEFORE trigger
  * returning NULL) is set aside the same way, found by picking again after
- * a batch that changed fewer rows than its limit (set_aside_kept()).  The batch that succeeds, the usual case, costs one
- * subtransaction more than the statement alone.
+ * a batch that changed fewer rows than its limit (set_aside_kept()).  The
+ * batch that succeeds, the usual case, costs one subtransaction more than
+ * the statement alone.
  *
  * The background worker runs each batch in a transaction of its own
  * (worker.c).  The SQL functions run inside the caller's transaction: see
