@@ -47,7 +47,7 @@ static const struct config_enum_entry cleanup_action_options[] = {
 	{"archive", IDEM_CLEANUP_ARCHIVE, false},
 	{NULL, 0, false}
 };
-int			idem_cleanup_delay_ms = 20;
+int			idem_cleanup_delay_ms = 50;
 int			idem_max_new_keys_per_second = 0;
 bool		idem_synchronous_outcomes = true;
 
@@ -198,7 +198,7 @@ define_settings(void)
 							"Time the background worker sleeps between two cleanup transactions of a cycle.",
 							"Spreads the deletion of a large backlog, leaving the processors to the claims meanwhile.",
 							&idem_cleanup_delay_ms,
-							20, 0, 10 * 1000,
+							50, 0, 10 * 1000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
