@@ -182,6 +182,9 @@ static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
 static bool error_concerns_rows(int sqlerrcode);
 static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
 static int	set_aside_kept(IdemPassRun *run, Datum *values, int limit);
+static int64 *pick_ids(IdemPassRun *run, Datum *values, int *n);
+static void set_aside(IdemPassRun *run, int64 id, ErrorData *edata,
+					  Datum *values);
 static bool purge_refused(IdemPassRun *run, int64 id, Datum *values);
 static void skip_record(IdemPassRun *run, int64 id, ErrorData *edata,
 						bool purged);
@@ -627,24 +630,8 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 	int64		changed = 0;
 	int			n;
 	int			i;
-	int			ret;
 
-	ret = SPI_execute_plan(plans[run->pass].pick, values, NULL, false, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "idempotency maintenance statement failed: %s",
-			 SPI_result_code_string(ret));
-	n = (int) SPI_processed;
-	ids = palloc(sizeof(int64) * Max(n, 1));
-	for (i = 0; i < n; i++)
-	{
-		bool		isnull;
-
-		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-											 SPI_tuptable->tupdesc, 1,
-											 &isnull));
-	}
-	SPI_freetuptable(SPI_tuptable);
-
+	ids = pick_ids(run, values, &n);
 	for (i = 0; i < n; i++)
 	{
 		uint64		processed;
@@ -656,9 +643,7 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 									  &processed, &edata))
 			changed += (int64) processed;
 		else
-			skip_record(run, ids[i], edata,
-						run->pass == IDEM_PASS_CLEANUP &&
-						purge_refused(run, ids[i], values));
+			set_aside(run, ids[i], edata, values);
 	}
 
 	*picked = n;
@@ -682,16 +667,32 @@ set_aside_kept(IdemPassRun *run, Datum *values, int limit)
 	int64	   *ids;
 	int			n;
 	int			i;
-	int			ret;
 
 	values[1] = Int32GetDatum(limit);
+	ids = pick_ids(run, values, &n);
+	for (i = 0; i < n; i++)
+		set_aside(run, ids[i], NULL, values);
+	return n;
+}
+
+/*
+ * Lock and return the ids the batch with these parameters would change
+ * (the pass's "pick" plan), their number in *n.
+ */
+static int64 *
+pick_ids(IdemPassRun *run, Datum *values, int *n)
+{
+	int64	   *ids;
+	int			i;
+	int			ret;
+
 	ret = SPI_execute_plan(plans[run->pass].pick, values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "idempotency maintenance statement failed: %s",
 			 SPI_result_code_string(ret));
-	n = (int) SPI_processed;
-	ids = palloc(sizeof(int64) * Max(n, 1));
-	for (i = 0; i < n; i++)
+	*n = (int) SPI_processed;
+	ids = palloc(sizeof(int64) * Max(*n, 1));
+	for (i = 0; i < *n; i++)
 	{
 		bool		isnull;
 
@@ -700,12 +701,20 @@ set_aside_kept(IdemPassRun *run, Datum *values, int limit)
 											 &isnull));
 	}
 	SPI_freetuptable(SPI_tuptable);
+	return ids;
+}
 
-	for (i = 0; i < n; i++)
-		skip_record(run, ids[i], NULL,
-					run->pass == IDEM_PASS_CLEANUP &&
-					purge_refused(run, ids[i], values));
-	return n;
+/*
+ * Skip a record the pass could not change (edata, or NULL when its
+ * statement left it unchanged without an error); cleanup purges it first
+ * (purge_refused()).
+ */
+static void
+set_aside(IdemPassRun *run, int64 id, ErrorData *edata, Datum *values)
+{
+	skip_record(run, id, edata,
+				run->pass == IDEM_PASS_CLEANUP &&
+				purge_refused(run, id, values));
 }
 
 /*
