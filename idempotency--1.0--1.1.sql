@@ -127,6 +127,20 @@ END
 $update$;
 
 --
+-- The unique index of the scope and key, key first.  Role, tenant, caller
+-- and operation are the same for most records, so every B-tree comparison
+-- on the way down 1.0's index walked four equal texts (each at a variable
+-- offset) before the one that decides; the key decides at once, in every
+-- claim, replay and completion.  Same columns, same uniqueness: only the
+-- order changes (src/catalog.c reads it, and serves 1.0's order until the
+-- update).  The index is built again, under the lock ALTER EXTENSION
+-- holds, in one transaction: no moment without it.
+--
+DROP INDEX idem_records_scope_key;
+CREATE UNIQUE INDEX idem_records_scope_key
+    ON idem_records (key, operation, caller, tenant, role);
+
+--
 -- Expiry you can publish.  Past expires_at plus idempotency.cleanup_grace,
 -- cleanup purges a finished record's stored response and keeps the rest as
 -- a tombstone until expires_at plus idempotency.tombstone_ttl; a claim of

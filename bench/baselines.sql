@@ -8,7 +8,7 @@
 -- unique key (replays).
 --
 -- The HOT floor, floor_hot_records, has the same columns and only two
--- indexes: the unique key and expires_at, which the claim row's INSERT
+-- indexes: the unique key (the same as idem_records') and expires_at, which the claim row's INSERT
 -- sets for good.  Its UPDATE with the response changes no indexed column
 -- (and no column of an index predicate), so PostgreSQL makes it a HOT
 -- update: no new index entries.  Its fingerprint is sha256 of the raw
@@ -25,8 +25,9 @@ CREATE TABLE floor_records (LIKE idem_records INCLUDING ALL);
 CREATE TABLE peer_records (LIKE idem_records INCLUDING ALL);
 CREATE TABLE floor_hot_records (LIKE idem_records INCLUDING DEFAULTS
                                 INCLUDING IDENTITY INCLUDING CONSTRAINTS);
+-- Its unique index is idem_records' own, column for column (key first).
 CREATE UNIQUE INDEX floor_hot_records_scope_key
-    ON floor_hot_records (role, tenant, caller, operation, key);
+    ON floor_hot_records (key, operation, caller, tenant, role);
 CREATE INDEX floor_hot_records_expiry ON floor_hot_records (expires_at);
 
 -- The business table every new-key transaction writes to.

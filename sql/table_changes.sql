@@ -198,6 +198,41 @@ SELECT outcome FROM idem_claim('rn.op', 'rn-2', '{}');
 ROLLBACK;
 SELECT outcome FROM idem_claim('rn.op', 'rn-2', '{}');
 SELECT key, state, attempt FROM idem_renamed.idem_records ORDER BY key;
+
+-- The unique index built again in version 1.0's column order while this
+-- session keeps what it looked up: claims, completions and replays follow
+-- the index's columns, whatever their order.  One that is not unique on
+-- the scope and key is refused (55000) and nothing is written.
+DROP INDEX idem_records_scope_key;
+CREATE UNIQUE INDEX idem_records_scope_key
+    ON idem_records (role, tenant, caller, operation, key);
+SELECT outcome, attempt FROM idem_claim('rn.op', 'rn-2', '{}');
+SELECT outcome, token AS token FROM idem_claim('rn.op', 'rn-3', '{"n": 3}') \gset
+SELECT idem_complete(:'token', 201, '{"id": 3}');
+SELECT outcome, http_status, body FROM idem_claim('rn.op', 'rn-3', '{"n": 3}');
+SELECT outcome FROM idem_claim('rn.op', 'rn-3', '{"n": 4}');
+BEGIN;
+DROP INDEX idem_records_scope_key;
+CREATE UNIQUE INDEX idem_records_scope_key
+    ON idem_records (role, tenant, caller, key, operation, id);
+\set VERBOSITY default
+SELECT outcome FROM idem_claim('rn.op', 'rn-4', '{}');
+\set VERBOSITY terse
+ROLLBACK;
+BEGIN;
+DROP INDEX idem_records_scope_key;
+CREATE INDEX idem_records_scope_key
+    ON idem_records (key, operation, caller, tenant, role);
+SELECT outcome FROM idem_claim('rn.op', 'rn-4', '{}');
+ROLLBACK;
+BEGIN;
+DROP INDEX idem_records_scope_key;
+CREATE UNIQUE INDEX idem_records_scope_key
+    ON idem_records (key, operation, caller, tenant, role) WHERE key <> '';
+SELECT outcome FROM idem_claim('rn.op', 'rn-4', '{}');
+ROLLBACK;
+SELECT outcome FROM idem_claim('rn.op', 'rn-4', '{}');
+SELECT key, state, attempt FROM idem_renamed.idem_records ORDER BY key;
 \c :regress_db
 DROP DATABASE regress_idem_rename;
 

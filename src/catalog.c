@@ -23,6 +23,7 @@
 #include "catalog/indexing.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "utils/builtins.h"
@@ -58,6 +59,7 @@ static void look_up(IdemCatalog *fresh);
 static void invalidate_catalog(Datum arg, Oid relid);
 static void invalidate_catalog_schema(Datum arg, int cacheid, uint32 hashvalue);
 static Oid	enum_label_oid(Oid type, const char *label);
+static void scope_index_columns(IdemCatalog *fresh);
 
 /*
  * The extension's catalog objects, looked up if needed.  Raises an error
@@ -149,6 +151,7 @@ look_up(IdemCatalog *fresh)
 				 errmsg("index \"%s\" of extension \"%s\" does not exist",
 						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
 				 errhint("If it was renamed, rename it back.")));
+	scope_index_columns(fresh);
 
 	fresh->state_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
 										CStringGetDatum("idem_state"),
@@ -167,6 +170,60 @@ look_up(IdemCatalog *fresh)
 	fresh->qualified_table =
 		MemoryContextStrdup(TopMemoryContext,
 							quote_qualified_identifier(nspname, IDEM_RECORDS_TABLE));
+}
+
+/*
+ * Which part of the scope each column of the unique index holds.  Version
+ * 1.0 of the SQL creates it on (role, tenant, caller, operation, key), 1.1
+ * with the key first (the rest are equal for most records, so a B-tree
+ * comparison that starts with them walks four equal texts first); the
+ * library serves both.  An index that is not unique on exactly those five
+ * columns cannot answer a claim, and is refused.
+ */
+static void
+scope_index_columns(IdemCatalog *fresh)
+{
+	static const char *const part_names[IDEM_SCOPE_PARTS] = {
+		"role", "tenant", "caller", "operation", "key"
+	};
+	HeapTuple	tuple;
+	Form_pg_index index;
+	bool		seen[IDEM_SCOPE_PARTS] = {false};
+	bool		fits;
+	int			i;
+
+	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(fresh->scope_index_oid));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "cache lookup failed for index %u", fresh->scope_index_oid);
+	index = (Form_pg_index) GETSTRUCT(tuple);
+	fits = index->indrelid == fresh->table_oid && index->indisunique &&
+		index->indnkeyatts == IDEM_SCOPE_PARTS &&
+		heap_attisnull(tuple, Anum_pg_index_indexprs, NULL) &&
+		heap_attisnull(tuple, Anum_pg_index_indpred, NULL);
+	for (i = 0; fits && i < IDEM_SCOPE_PARTS; i++)
+	{
+		char	   *name = get_attname(fresh->table_oid,
+									   index->indkey.values[i], true);
+		int			part;
+
+		fits = false;
+		for (part = 0; name != NULL && part < IDEM_SCOPE_PARTS; part++)
+			if (!seen[part] && strcmp(name, part_names[part]) == 0)
+			{
+				seen[part] = true;
+				fresh->scope_index_part[i] = (IdemScopePart) part;
+				fits = true;
+				break;
+			}
+	}
+	ReleaseSysCache(tuple);
+	if (!fits)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"%s\" of extension \"%s\" is not the unique index of the scope and key",
+						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
+				 errdetail("It must be unique on the columns role, tenant, caller, operation and key, without expressions or a predicate."),
+				 errhint("Recreate it as the extension's installation script does.")));
 }
 
 /*

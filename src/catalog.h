@@ -12,12 +12,25 @@
 
 #include "state_machine.h"
 
+/* The columns of a record's scope and key, in the order IdemScope has them. */
+typedef enum IdemScopePart
+{
+	IDEM_SCOPE_ROLE,
+	IDEM_SCOPE_TENANT,
+	IDEM_SCOPE_CALLER,
+	IDEM_SCOPE_OPERATION,
+	IDEM_SCOPE_KEY,
+	IDEM_SCOPE_PARTS
+} IdemScopePart;
+
 typedef struct IdemCatalog
 {
 	Oid			schema_oid;
 	const char *qualified_table;	/* quoted schema.idem_records */
 	Oid			table_oid;
-	Oid			scope_index_oid;	/* unique (role, tenant, caller, operation, key) */
+	Oid			scope_index_oid;	/* unique on the scope and key */
+	/* the scope part each column of that index holds, in index order */
+	IdemScopePart scope_index_part[IDEM_SCOPE_PARTS];
 	Oid			state_type;
 	Oid			policy_type;
 	Oid			state_oids[IDEM_NUM_STATES];

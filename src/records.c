@@ -80,7 +80,6 @@ typedef enum RecordPlan
 
 /* The columns read_record decodes, in this order. */
 #define RECORD_COLUMN_COUNT 12
-#define RECORD_SCOPE_COLUMNS 5	/* role, tenant, caller, operation, key */
 #define RECORD_COLUMNS \
 	"id, state, attempt, fingerprint, recovery_point, locked_until, " \
 	"on_lease_expiry, response_status, response_headers, response_body, " \
@@ -200,7 +199,7 @@ static bool
 fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
 {
 	const IdemCatalog *cat = idem_catalog();
-	ScanKeyData keys[RECORD_SCOPE_COLUMNS];
+	ScanKeyData keys[IDEM_SCOPE_PARTS];
 	Snapshot	snapshot;
 	Relation	heap;
 	Relation	index;
@@ -219,8 +218,8 @@ fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
 	index = index_open(cat->scope_index_oid, AccessShareLock);
 	slot = table_slot_create(heap, NULL);
 
-	scan = index_beginscan(heap, index, snapshot, RECORD_SCOPE_COLUMNS, 0);
-	index_rescan(scan, keys, RECORD_SCOPE_COLUMNS, NULL, 0);
+	scan = index_beginscan(heap, index, snapshot, IDEM_SCOPE_PARTS, 0);
+	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
 	{
@@ -323,7 +322,7 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 {
 	const IdemCatalog *cat = idem_catalog();
 	IdemRecordWriter w;
-	ScanKeyData keys[RECORD_SCOPE_COLUMNS];
+	ScanKeyData keys[IDEM_SCOPE_PARTS];
 	const AttrNumber *col;
 	Datum	   *values;
 	bool	   *nulls;
@@ -333,7 +332,7 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 	idem_writer_start(&w, CMD_INSERT, NULL, 0);
 	scope_keys(scope, keys);
 	if (idem_writer_key_taken(&w, cat->scope_index_oid, keys,
-							  RECORD_SCOPE_COLUMNS, writer))
+							  IDEM_SCOPE_PARTS, writer))
 	{
 		if (IsolationUsesXactSnapshot() && !TransactionIdIsValid(*writer))
 			ereport(ERROR,
@@ -948,22 +947,24 @@ outcome_written(void)
 }
 
 /*
- * Scan keys of the unique index for a scope and key.
+ * Scan keys of the unique index for a scope and key, in the index's order
+ * of columns.
  */
 static void
 scope_keys(const IdemScope *scope, ScanKey keys)
 {
-	text	   *parts[RECORD_SCOPE_COLUMNS];
+	const IdemCatalog *cat = idem_catalog();
+	text	   *parts[IDEM_SCOPE_PARTS];
 	int			i;
 
-	parts[0] = scope->role;
-	parts[1] = scope->tenant;
-	parts[2] = scope->caller;
-	parts[3] = scope->operation;
-	parts[4] = scope->key;
-	for (i = 0; i < RECORD_SCOPE_COLUMNS; i++)
+	parts[IDEM_SCOPE_ROLE] = scope->role;
+	parts[IDEM_SCOPE_TENANT] = scope->tenant;
+	parts[IDEM_SCOPE_CALLER] = scope->caller;
+	parts[IDEM_SCOPE_OPERATION] = scope->operation;
+	parts[IDEM_SCOPE_KEY] = scope->key;
+	for (i = 0; i < IDEM_SCOPE_PARTS; i++)
 		ScanKeyInit(&keys[i], i + 1, BTEqualStrategyNumber, F_TEXTEQ,
-					PointerGetDatum(parts[i]));
+					PointerGetDatum(parts[cat->scope_index_part[i]]));
 }
 
 /*
