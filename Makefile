@@ -6,7 +6,7 @@ DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql
 PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
-REGRESS = setup claim state_machine bad_input table_changes
+REGRESS = setup claim pending_claim state_machine bad_input table_changes
 REGRESS_OPTS = --inputdir=$(srcdir) --encoding=UTF8
 ISOLATION = plain_insert_blocks claim_concurrent claim_external isolation_levels
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency
@@ -22,7 +22,7 @@ REGRESS += canonical canonical_numbers
 
 # Claims, records and the state machine
 OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
-	src/record_writer.o \
+	src/record_writer.o src/pending_claim.o \
 	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
 	src/derive.o
 

@@ -19,14 +19,19 @@ LANGUAGE sql AS $$
 $$;
 
 -- 1. A new key proceeds; the business write and the completion commit with it.
+-- Claimed and completed in one transaction block, the record is written
+-- once, finished, by the completion: a plain SELECT of the table in between
+-- does not see it yet (pending_claim.sql has the rest).
 BEGIN;
 SELECT (c).token AS token, (c).record_id AS record_id
   FROM idem_claim('payments.create', 'key-1', '{"amount": 100, "currency": "EUR"}') c \gset
-SELECT state, attempt, recovery_point IS NULL AS no_recovery_point,
-       locked_until > now() AS leased
-  FROM idem_records WHERE id = :record_id;
+SELECT count(*) AS written_at_claim FROM idem_records WHERE id = :record_id;
 SELECT idem_complete(:'token', 201, '{"id": "PAY-1", "amount": 100}',
                      '{"Location": "/payments/PAY-1"}', 'PAY-1');
+SELECT state, attempt, recovery_point IS NULL AS no_recovery_point,
+       locked_until IS NULL AS no_lease, attempt_token IS NULL AS no_token,
+       completed_at >= claimed_at AS completed_after_claim
+  FROM idem_records WHERE id = :record_id;
 COMMIT;
 
 -- 2. A retry gets the stored response: same status, headers, body, resource.

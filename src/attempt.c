@@ -28,6 +28,7 @@
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
+#include "pending_claim.h"
 #include "records.h"
 #include "security.h"
 #include "stat_operations.h"
@@ -104,6 +105,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 		idem_interval_usecs(PG_GETARG_INTERVAL_P(1), "lease", false);
 	locked_until = idem_timestamp_plus(now, lease_usecs, "lease");
 	idem_require_writable("extend a lease");
+	idem_pending_write();
 
 	idem_become_owner(&user);
 	ok = idem_record_extend_lease(&token, locked_until, now);
@@ -130,6 +132,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	idem_check_stored_size(PG_GETARG_DATUM(1), "recovery_point");
 	point = PG_GETARG_TEXT_PP(1);
 	idem_require_writable("record a recovery point");
+	idem_pending_write();
 
 	idem_become_owner(&user);
 	ok = idem_record_set_recovery_point(&token, point, GetCurrentTimestamp());
@@ -173,6 +176,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 				 errmsg("invalid state \"%s\" for idem_resolve", idem_clip(state, 32)),
 				 errhint("An unknown record is resolved as \"succeeded\", \"failed\" or \"retryable\".")));
 	idem_require_writable("resolve an idempotency record");
+	idem_pending_write();
 
 	/* operators settle any role's records; others only their own */
 	role = idem_calling_role();
@@ -258,7 +262,9 @@ finish_attempt(const IdemToken *token, const IdemResponse *response)
 	idem_require_writable("store the outcome of an attempt");
 
 	idem_become_owner(&user);
-	ok = idem_record_finish(token, response, GetCurrentTimestamp(), &operation);
+	/* a claim of this transaction whose record is not written yet: written finished */
+	ok = idem_pending_finish(token, response, &operation) ||
+		idem_record_finish(token, response, GetCurrentTimestamp(), &operation);
 	if (!ok)
 		raise_stale_token(token, user.saved_userid);
 	idem_restore_user(&user);

@@ -24,13 +24,16 @@
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
+#include "commands/trigger.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
 #include "utils/syscache.h"
 
 #include "catalog.h"
@@ -60,6 +63,8 @@ static void invalidate_catalog(Datum arg, Oid relid);
 static void invalidate_catalog_schema(Datum arg, int cacheid, uint32 hashvalue);
 static Oid	enum_label_oid(Oid type, const char *label);
 static void scope_index_columns(IdemCatalog *fresh);
+static bool records_as_created(const IdemCatalog *fresh);
+static bool name_in(const char *name, const char *const *names);
 
 /*
  * The extension's catalog objects, looked up if needed.  Raises an error
@@ -153,6 +158,11 @@ look_up(IdemCatalog *fresh)
 				 errhint("If it was renamed, rename it back.")));
 	scope_index_columns(fresh);
 
+	fresh->guard_function = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
+											CStringGetDatum("idem_records_guard"),
+											PointerGetDatum(buildoidvector(NULL, 0)),
+											ObjectIdGetDatum(nsp));
+	fresh->records_as_created = records_as_created(fresh);
 	fresh->state_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
 										CStringGetDatum("idem_state"),
 										ObjectIdGetDatum(nsp));
@@ -224,6 +234,84 @@ scope_index_columns(IdemCatalog *fresh)
 						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
 				 errdetail("It must be unique on the columns role, tenant, caller, operation and key, without expressions or a predicate."),
 				 errhint("Recreate it as the extension's installation script does.")));
+}
+
+/*
+ * Whether idem_records is as the extension's scripts (1.0 or 1.1) created
+ * it: no column, CHECK or NOT NULL constraint, domain, index or trigger
+ * that its owner added, changed or dropped.  Only then may a claim's record be written at its
+ * completion (pending_claim.c): whatever the owner added (a default, a
+ * constraint, a unique index, a trigger, a foreign key and its triggers)
+ * sees the claim's row at the claim, as it always did.
+ */
+static bool
+records_as_created(const IdemCatalog *fresh)
+{
+	static const char *const columns[] = {
+		"id", "role", "tenant", "caller", "operation", "key", "fingerprint",
+		"state", "attempt", "attempt_token", "recovery_point", "locked_until",
+		"on_lease_expiry", "ttl", "response_status", "response_headers",
+		"response_body", "resource_id", "created_at", "claimed_at",
+		"updated_at", "completed_at", "expires_at", "response_raw_body",
+		"response_sealed", NULL
+	};
+	static const char *const not_null[] = {
+		"id", "role", "tenant", "caller", "operation", "key", "fingerprint",
+		"state", "attempt", "on_lease_expiry", "ttl", "created_at",
+		"claimed_at", "updated_at", "expires_at", NULL
+	};
+	static const char *const checks[] = {
+		"idem_records_fingerprint_length", "idem_records_attempt_positive",
+		"idem_records_status_range", "idem_records_headers_object",
+		"idem_records_headers_shape", "idem_records_sealed_alone", NULL
+	};
+	static const char *const indexes[] = {
+		"idem_records_pkey", "idem_records_scope_key", "idem_records_lease",
+		"idem_records_expiry", "idem_records_unpurged", NULL
+	};
+	Relation	rel = table_open(fresh->table_oid, AccessShareLock);
+	TupleDesc	tupdesc = RelationGetDescr(rel);
+	TriggerDesc *triggers = rel->trigdesc;
+	List	   *index_oids;
+	ListCell   *lc;
+	bool		as_created;
+	int			i;
+
+	as_created = triggers != NULL && triggers->numtriggers == 1 &&
+		triggers->triggers[0].tgfoid == fresh->guard_function;
+	for (i = 0; as_created && i < tupdesc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		/* a dropped column: the table was altered (columns moved) */
+		as_created = !att->attisdropped &&
+			name_in(NameStr(att->attname), columns) &&
+			att->attnotnull == name_in(NameStr(att->attname), not_null) &&
+			get_typtype(att->atttypid) != TYPTYPE_DOMAIN;
+	}
+	for (i = 0; as_created && tupdesc->constr != NULL &&
+		 i < tupdesc->constr->num_check; i++)
+		as_created = name_in(tupdesc->constr->check[i].ccname, checks);
+	index_oids = as_created ? RelationGetIndexList(rel) : NIL;
+	foreach(lc, index_oids)
+	{
+		char	   *name = get_rel_name(lfirst_oid(lc));
+
+		if (name == NULL || !name_in(name, indexes))
+			as_created = false;
+	}
+	list_free(index_oids);
+	table_close(rel, AccessShareLock);
+	return as_created;
+}
+
+static bool
+name_in(const char *name, const char *const *names)
+{
+	for (; *names != NULL; names++)
+		if (strcmp(name, *names) == 0)
+			return true;
+	return false;
 }
 
 /*

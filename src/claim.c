@@ -66,6 +66,7 @@
 #include "decision.h"
 #include "idempotency.h"
 #include "key_lock.h"
+#include "pending_claim.h"
 #include "rate_limit.h"
 #include "security.h"
 #include "stat_operations.h"
@@ -114,6 +115,8 @@ typedef struct ClaimRequest
 	IdemLeasePolicy on_lease_expiry;
 	bool		proceed_expired;	/* on_expired => 'proceed' */
 	bool		inbox;			/* idem_inbox: done at once, no token */
+	bool		may_stay_pending;	/* idem_claim: a new key's record may be
+									 * written at its completion */
 } ClaimRequest;
 
 static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
@@ -173,6 +176,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	else
 		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
 	claim_options(fcinfo, 5, &req);
+	req.may_stay_pending = true;
 
 	claim_key(&req, &answer);
 	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
@@ -196,6 +200,7 @@ claim_options(FunctionCallInfo fcinfo, int first_arg, ClaimRequest *req)
 	req->on_lease_expiry = idem_parse_policy(PG_GETARG_TEXT_PP(first_arg + 3));
 	req->proceed_expired = true;
 	req->inbox = false;
+	req->may_stay_pending = false;
 	if (PG_NARGS() > first_arg + 4)
 	{
 		idem_require_arg(fcinfo, first_arg + 4, "on_expired");
@@ -461,6 +466,7 @@ idem_inbox(PG_FUNCTION_ARGS)
 	req.on_lease_expiry = IDEM_POLICY_UNKNOWN;
 	req.proceed_expired = false;
 	req.inbox = true;
+	req.may_stay_pending = false;
 
 	claim_key(&req, &answer);
 
@@ -494,6 +500,7 @@ idem_replay(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 
+	idem_pending_write();
 	idem_become_owner(&user);
 	found = idem_record_fetch(&scope, &rec);
 	idem_restore_user(&user);
@@ -539,6 +546,8 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 	bool		took_token = false;
 	IdemUserContext user;
 
+	/* this transaction's own pending claim, if any, is read like any */
+	idem_pending_write();
 	idem_become_owner(&user);
 
 	for (;;)
@@ -642,9 +651,22 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 				took_token = idem_max_new_keys_per_second > 0 && !req->inbox;
 				memset(&rec, 0, sizeof(rec));
 				/* an error on the way gives the lock back with the abort */
-				wrote = idem_record_insert(&req->scope, &start, &rec.id,
-										   &writer);
-				idem_key_lock_release(&lock);
+				if (req->may_stay_pending && idem_pending_possible())
+				{
+					/* written at its completion, or at commit, holding the lock */
+					wrote = idem_record_claim_unwritten(&req->scope, &rec.id,
+														&writer);
+					if (wrote)
+						idem_pending_keep(&req->scope, &start, rec.id, &lock);
+					else
+						idem_key_lock_release(&lock);
+				}
+				else
+				{
+					wrote = idem_record_insert(&req->scope, &start, &rec.id,
+											   &writer);
+					idem_key_lock_release(&lock);
+				}
 				if (wrote)
 					answer_proceed(answer, &rec, &start, 1, !req->inbox);
 				break;

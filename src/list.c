@@ -24,6 +24,7 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
+#include "pending_claim.h"
 #include "security.h"
 #include "validate.h"
 
@@ -104,6 +105,7 @@ idem_list(PG_FUNCTION_ARGS)
 		elog(ERROR, "idem_list has %d columns, expected %d",
 			 rsinfo->setDesc->natts, LIST_COLUMNS);
 
+	idem_pending_write();
 	idem_become_owner(&user);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");

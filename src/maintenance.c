@@ -119,6 +119,7 @@
 #include "idempotency.h"
 #include "catalog.h"
 #include "maintenance.h"
+#include "pending_claim.h"
 #include "security.h"
 #include "stat_operations.h"
 
@@ -1053,6 +1054,7 @@ idem_expire_leases(PG_FUNCTION_ARGS)
 	int64		expired = 0;
 	bool		more = true;
 
+	idem_pending_write();
 	idem_pass_begin(&run, IDEM_PASS_LEASES);
 	connect_and_prepare();
 	while (more && expired < max_rows)
@@ -1089,6 +1091,7 @@ idem_cleanup(PG_FUNCTION_ARGS)
 	int64		changed = 0;
 	int			p;
 
+	idem_pending_write();
 	connect_and_prepare();
 	for (p = 0; p < (int) lengthof(passes); p++)
 	{

@@ -152,6 +152,11 @@ static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
 static bool reuse_needs_archive(void);
 static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
+static bool key_taken(IdemRecordWriter *w, const IdemScope *scope,
+					  TransactionId *writer);
+static void insert_row(IdemRecordWriter *w, const IdemScope *scope,
+					   const IdemAttemptStart *start, int64 id,
+					   const IdemResponse *response, TimestampTz now);
 static void outcome_written(void);
 static bool lock_token_attempt(IdemRecordWriter *w, const IdemToken *token);
 static bool token_owns_row(TupleTableSlot *slot, const AttrNumber *col,
@@ -320,33 +325,108 @@ bool
 idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 				   int64 *id, TransactionId *writer)
 {
-	const IdemCatalog *cat = idem_catalog();
 	IdemRecordWriter w;
-	ScanKeyData keys[IDEM_SCOPE_PARTS];
-	const AttrNumber *col;
-	Datum	   *values;
-	bool	   *nulls;
 
 	idem_writer_begin(&w);
 	/* like INSERT ... ON CONFLICT DO NOTHING: a statement even if it skips */
 	idem_writer_start(&w, CMD_INSERT, NULL, 0);
-	scope_keys(scope, keys);
-	if (idem_writer_key_taken(&w, cat->scope_index_oid, keys,
-							  IDEM_SCOPE_PARTS, writer))
+	if (key_taken(&w, scope, writer))
 	{
-		if (IsolationUsesXactSnapshot() && !TransactionIdIsValid(*writer))
-			ereport(ERROR,
-					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to concurrent update"),
-					 errdetail("Another transaction claimed the same idempotency key after this transaction's snapshot was taken.")));
 		idem_writer_end(&w);
 		return false;
 	}
-
-	col = column_attnums(w.rel);
-	values = idem_writer_new_row(&w, &nulls, false);
 	*id = idem_writer_next_id(&w);
-	set_column(values, nulls, col[COL_ID], Int64GetDatum(*id));
+	insert_row(&w, scope, start, *id, NULL, 0);
+	idem_writer_end(&w);
+	outcome_written();
+	return true;
+}
+
+/*
+ * Claim a new key without writing its record yet (pending_claim.c keeps
+ * it): what idem_record_insert checks and allocates, without the insert.
+ * The caller holds the key lock.  Returns false as idem_record_insert does.
+ */
+bool
+idem_record_claim_unwritten(const IdemScope *scope, int64 *id,
+							TransactionId *writer)
+{
+	IdemRecordWriter w;
+
+	idem_writer_begin(&w);
+	if (key_taken(&w, scope, writer))
+	{
+		idem_writer_end(&w);
+		return false;
+	}
+	*id = idem_writer_next_id(&w);
+	idem_writer_end(&w);
+	/* the claim proceeds: its record will commit with the transaction */
+	outcome_written();
+	return true;
+}
+
+/*
+ * Write the record of a claim that idem_record_claim_unwritten allowed,
+ * with the id it allocated: processing, as idem_record_insert would have
+ * written it, or (response not NULL) finished at once with the response,
+ * as the claim followed by its completion at now would have left it.  The
+ * caller holds the key lock.
+ */
+void
+idem_record_write_claimed(const IdemScope *scope, const IdemAttemptStart *start,
+						  int64 id, const IdemResponse *response,
+						  TimestampTz now)
+{
+	IdemRecordWriter w;
+
+	idem_writer_begin(&w);
+	idem_writer_start(&w, CMD_INSERT, NULL, 0);
+	insert_row(&w, scope, start, id, response, now);
+	idem_writer_end(&w);
+	outcome_written();
+}
+
+/*
+ * Whether the unique index holds the scope and key, for idem_record_insert.
+ */
+static bool
+key_taken(IdemRecordWriter *w, const IdemScope *scope, TransactionId *writer)
+{
+	const IdemCatalog *cat = idem_catalog();
+	ScanKeyData keys[IDEM_SCOPE_PARTS];
+
+	scope_keys(scope, keys);
+	if (!idem_writer_key_taken(w, cat->scope_index_oid, keys,
+							   IDEM_SCOPE_PARTS, writer))
+		return false;
+	if (IsolationUsesXactSnapshot() && !TransactionIdIsValid(*writer))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update"),
+				 errdetail("Another transaction claimed the same idempotency key after this transaction's snapshot was taken.")));
+	return true;
+}
+
+/*
+ * Insert a new record: attempt 1 of start, processing (or succeeded for an
+ * inbox message), or with a response (a claim and its completion at now,
+ * written at once: the row the completion's update would have left).
+ */
+static void
+insert_row(IdemRecordWriter *w, const IdemScope *scope,
+		   const IdemAttemptStart *start, int64 id,
+		   const IdemResponse *response, TimestampTz now)
+{
+	const IdemCatalog *cat = idem_catalog();
+	const AttrNumber *col = column_attnums(w->rel);
+	Datum	   *values;
+	bool	   *nulls;
+	IdemState	state = response ? response->state :
+		start->finished ? IDEM_SUCCEEDED : IDEM_PROCESSING;
+
+	values = idem_writer_new_row(w, &nulls, false);
+	set_column(values, nulls, col[COL_ID], Int64GetDatum(id));
 	set_column(values, nulls, col[COL_ROLE], PointerGetDatum(scope->role));
 	set_column(values, nulls, col[COL_TENANT], PointerGetDatum(scope->tenant));
 	set_column(values, nulls, col[COL_CALLER], PointerGetDatum(scope->caller));
@@ -355,9 +435,38 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 	set_column(values, nulls, col[COL_FINGERPRINT],
 			   bytes_datum(start->fingerprint, IDEM_FINGERPRINT_LEN));
 	set_column(values, nulls, col[COL_STATE],
-			   ObjectIdGetDatum(cat->state_oids[start->finished ?
-												IDEM_SUCCEEDED : IDEM_PROCESSING]));
+			   ObjectIdGetDatum(cat->state_oids[state]));
 	set_column(values, nulls, col[COL_ATTEMPT], Int32GetDatum(1));
+	set_column(values, nulls, col[COL_ON_LEASE_EXPIRY],
+			   ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]));
+	set_column(values, nulls, col[COL_TTL], IntervalPGetDatum(start->ttl));
+	set_column(values, nulls, col[COL_CREATED_AT], TimestampTzGetDatum(start->now));
+	set_column(values, nulls, col[COL_CLAIMED_AT], TimestampTzGetDatum(start->now));
+	if (response)
+	{
+		/* as idem_record_finish sets them */
+		set_column(values, nulls, col[COL_RESPONSE_STATUS],
+				   Int32GetDatum(response->http_status));
+		set_response(values, nulls, col, id, response);
+		set_nullable(values, nulls, col[COL_RESOURCE_ID], response->resource_id);
+		set_column(values, nulls, col[COL_COMPLETED_AT], TimestampTzGetDatum(now));
+		set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(now));
+		set_column(values, nulls, col[COL_EXPIRES_AT],
+				   DirectFunctionCall2(timestamptz_pl_interval,
+									   TimestampTzGetDatum(now),
+									   IntervalPGetDatum(start->ttl)));
+		idem_guard_allow_finished_insert(true);
+		PG_TRY();
+		{
+			idem_writer_insert(w);
+		}
+		PG_FINALLY();
+		{
+			idem_guard_allow_finished_insert(false);
+		}
+		PG_END_TRY();
+		return;
+	}
 	if (start->finished)
 		set_column(values, nulls, col[COL_COMPLETED_AT],
 				   TimestampTzGetDatum(start->now));
@@ -368,18 +477,10 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 		set_column(values, nulls, col[COL_LOCKED_UNTIL],
 				   TimestampTzGetDatum(start->locked_until));
 	}
-	set_column(values, nulls, col[COL_ON_LEASE_EXPIRY],
-			   ObjectIdGetDatum(cat->policy_oids[start->on_lease_expiry]));
-	set_column(values, nulls, col[COL_TTL], IntervalPGetDatum(start->ttl));
-	set_column(values, nulls, col[COL_CREATED_AT], TimestampTzGetDatum(start->now));
-	set_column(values, nulls, col[COL_CLAIMED_AT], TimestampTzGetDatum(start->now));
 	set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(start->now));
 	set_column(values, nulls, col[COL_EXPIRES_AT],
 			   TimestampTzGetDatum(start->expires_at));
-	idem_writer_insert(&w);
-	idem_writer_end(&w);
-	outcome_written();
-	return true;
+	idem_writer_insert(w);
 }
 
 /*

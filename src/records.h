@@ -103,6 +103,12 @@ extern bool idem_record_fetch_by_id(int64 id, text *role, bool any_role,
 extern bool idem_record_insert(const IdemScope *scope,
 							   const IdemAttemptStart *start, int64 *id,
 							   TransactionId *writer);
+extern bool idem_record_claim_unwritten(const IdemScope *scope, int64 *id,
+										TransactionId *writer);
+extern void idem_record_write_claimed(const IdemScope *scope,
+									  const IdemAttemptStart *start, int64 id,
+									  const IdemResponse *response,
+									  TimestampTz now);
 extern bool idem_record_restart(IdemRecord *rec, bool reuse,
 								const IdemAttemptStart *start);
 extern bool idem_record_mark_unknown(const IdemRecord *rec, TimestampTz now);

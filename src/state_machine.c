@@ -72,6 +72,16 @@ static const bool allowed[IDEM_NUM_STATES][IDEM_NUM_STATES] = {
 };
 
 /*
+ * Set while records.c inserts a claim and its outcome as one row (a new
+ * key claimed and finished in one transaction, pending_claim.c): the
+ * insert then stands for the insert of attempt 1 and the transition to the
+ * outcome, and is allowed when that transition is.  Never set while any
+ * other trigger could run: a claim is only kept pending while the guard is
+ * the table's only trigger.
+ */
+static bool finished_insert_allowed = false;
+
+/*
  * Column numbers of idem_records the trigger reads, found again after any
  * change to the table (a column dropped and added again moves, a table
  * dropped and created again may get the same OID back).
@@ -219,6 +229,16 @@ idem_check_change(const IdemChange *change)
 }
 
 /*
+ * Allow (or no longer) the next insert to be a claim and its outcome at
+ * once; see finished_insert_allowed.
+ */
+void
+idem_guard_allow_finished_insert(bool allow)
+{
+	finished_insert_allowed = allow;
+}
+
+/*
  * BEFORE INSERT OR UPDATE FOR EACH ROW trigger on idem_records.
  */
 Datum
@@ -258,8 +278,12 @@ idem_records_guard(PG_FUNCTION_ARGS)
 	{
 		bool		inbox = new_state == IDEM_SUCCEEDED &&
 			response_empty(newtuple, tupdesc);
+		bool		finished_at_once = finished_insert_allowed &&
+			new_state != IDEM_UNKNOWN &&
+			idem_transition_allowed(IDEM_PROCESSING, new_state);
 
-		if (((new_state != IDEM_PROCESSING && !inbox) || new_attempt != 1) &&
+		if (((new_state != IDEM_PROCESSING && !inbox && !finished_at_once) ||
+			 new_attempt != 1) &&
 			!loading_with_copy())
 			ereport(ERROR,
 					(errcode(ERRCODE_CHECK_VIOLATION),

@@ -1,0 +1,238 @@
+--
+-- A new key claimed inside a transaction block is written once: finished
+-- by its completion in the same transaction, or as processing when the
+-- transaction commits or prepares first.  Until then it holds its key
+-- lock; every function of the extension sees the claim as before, and a
+-- savepoint rolled back takes back exactly what it covered.
+--
+\set VERBOSITY terse
+SET idempotency.default_lease = '1h';
+
+-- What this transaction wrote to idem_records since :ins and :upd were
+-- taken (pg_stat_xact_user_tables counts rows inserted and updated, also
+-- by subtransactions rolled back; counts of earlier transactions that were
+-- not reported yet are in it too, hence the difference), and the key locks
+-- it holds.
+CREATE FUNCTION pg_temp.counts(OUT ins bigint, OUT upd bigint) LANGUAGE sql AS $$
+  SELECT coalesce(sum(n_tup_ins), 0)::bigint, coalesce(sum(n_tup_upd), 0)::bigint
+    FROM pg_stat_xact_user_tables WHERE relname = 'idem_records'
+$$;
+CREATE FUNCTION pg_temp.writes(ins bigint, upd bigint)
+RETURNS TABLE (inserted bigint, updated bigint, key_locks bigint)
+LANGUAGE sql AS $$
+  SELECT c.ins - writes.ins, c.upd - writes.upd,
+         (SELECT count(*) FROM pg_locks
+           WHERE locktype = 'advisory' AND objsubid = 478 AND pid = pg_backend_pid())
+    FROM pg_temp.counts() c
+$$;
+CREATE FUNCTION pg_temp.record(k text)
+RETURNS TABLE (state idem_state, attempt int, leased boolean, has_token boolean,
+               response_status int, response_body jsonb)
+LANGUAGE sql AS $$
+  SELECT state, attempt, locked_until IS NOT NULL, attempt_token IS NOT NULL,
+         response_status, response_body
+    FROM idem_records WHERE operation = 'pc.op' AND key = k
+$$;
+
+-- Claimed and completed in one transaction: one insert, no update; the
+-- key lock is held from the claim to the completion.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-1', '{"n": 1}') \gset
+SELECT * FROM pg_temp.writes(:ins, :upd);
+SELECT * FROM pg_temp.record('pc-1');
+SELECT idem_complete(:'token', 201, '{"id": 1}');
+SELECT * FROM pg_temp.writes(:ins, :upd);
+SELECT * FROM pg_temp.record('pc-1');
+COMMIT;
+SELECT outcome, http_status, body FROM idem_claim('pc.op', 'pc-1', '{"n": 1}');
+
+-- The same with idem_fail: a stable failure is replayed, a retryable one
+-- frees the key for attempt 2.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-2', '{"n": 2}') \gset
+SELECT idem_fail(:'token', 409, '{"error": "conflict"}');
+SELECT token FROM idem_claim('pc.op', 'pc-3', '{"n": 3}') \gset
+SELECT idem_fail(:'token', 503, retryable => true);
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT * FROM pg_temp.record('pc-2');
+SELECT * FROM pg_temp.record('pc-3');
+SELECT outcome, http_status FROM idem_claim('pc.op', 'pc-2', '{"n": 2}');
+SELECT outcome, attempt FROM idem_claim('pc.op', 'pc-3', '{"n": 3}');
+
+-- Committed without a completion: the record is processing, leased, and
+-- its token completes it in a later transaction.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-4', '{"n": 4}') \gset
+COMMIT;
+SELECT * FROM pg_temp.record('pc-4');
+SELECT idem_complete(:'token', 201, '{"id": 4}');
+SELECT outcome, body FROM idem_claim('pc.op', 'pc-4', '{"n": 4}');
+
+-- Every function of the extension sees a pending claim: a second claim of
+-- the key is in_progress, idem_replay shows it, a heartbeat extends it.
+-- Once written, the completion updates it as before.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-5', '{"n": 5}') \gset
+SELECT outcome FROM idem_claim('pc.op', 'pc-5', '{"n": 5}');
+SELECT outcome, state FROM idem_replay('pc.op', 'pc-5');
+SELECT idem_heartbeat(:'token', '2h') > now() + interval '1h' AS extended;
+SELECT idem_complete(:'token', 201, '{"id": 5}');
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT * FROM pg_temp.record('pc-5');
+
+-- Two new keys in one transaction: the second claim writes the first one's
+-- record (processing) before it reads; each completes.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token AS t6 FROM idem_claim('pc.op', 'pc-6', '{"n": 6}') \gset
+SELECT token AS t7 FROM idem_claim('pc.op', 'pc-7', '{"n": 7}') \gset
+SELECT idem_complete(:'t7', 201, '{"id": 7}');
+SELECT idem_complete(:'t6', 201, '{"id": 6}');
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT key, state, response_body FROM idem_records
+ WHERE operation = 'pc.op' AND key IN ('pc-6', 'pc-7') ORDER BY key;
+
+-- Savepoints.  A claim in a savepoint rolled back is gone, with its key
+-- lock; the key is new again.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SAVEPOINT s;
+SELECT token FROM idem_claim('pc.op', 'pc-8', '{"n": 8}') \gset
+ROLLBACK TO SAVEPOINT s;
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT count(*) AS records FROM idem_records WHERE key = 'pc-8';
+SELECT outcome FROM idem_claim('pc.op', 'pc-8', '{"n": 8}');
+
+-- A completion in a savepoint rolled back is undone, the claim stands: it
+-- commits processing, and its token still completes it.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-9', '{"n": 9}') \gset
+SAVEPOINT s;
+SELECT idem_complete(:'token', 201, '{"id": 9}');
+ROLLBACK TO SAVEPOINT s;
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT * FROM pg_temp.record('pc-9');
+SELECT idem_complete(:'token', 201, '{"id": 9}');
+SELECT * FROM pg_temp.record('pc-9');
+
+-- Completed again after the rolled back completion, in the transaction.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-10', '{"n": 10}') \gset
+SAVEPOINT s;
+SELECT idem_complete(:'token', 500, '{"id": "wrong"}');
+ROLLBACK TO SAVEPOINT s;
+SELECT idem_complete(:'token', 201, '{"id": 10}');
+COMMIT;
+SELECT * FROM pg_temp.record('pc-10');
+
+-- A completion in a savepoint released: the record and the claim share
+-- their fate from then on; the key lock is held until the end.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-11', '{"n": 11}') \gset
+SAVEPOINT s;
+SELECT idem_complete(:'token', 201, '{"id": 11}');
+RELEASE SAVEPOINT s;
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT * FROM pg_temp.record('pc-11');
+
+-- A claim in a savepoint released, completed outside it.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SAVEPOINT s;
+SELECT token FROM idem_claim('pc.op', 'pc-12', '{"n": 12}') \gset
+RELEASE SAVEPOINT s;
+SELECT idem_complete(:'token', 201, '{"id": 12}');
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT * FROM pg_temp.record('pc-12');
+
+-- A claim in a PL/pgSQL block whose exception handler runs is taken back.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+DO $$
+BEGIN
+  BEGIN
+    PERFORM idem_claim('pc.op', 'pc-13', '{"n": 13}');
+    RAISE EXCEPTION 'business rule';
+  EXCEPTION WHEN raise_exception THEN
+    NULL;
+  END;
+END $$;
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT count(*) AS records FROM idem_records WHERE key = 'pc-13';
+
+-- An error after the claim: the transaction aborts, nothing is written.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-14', '{"n": 14}') \gset
+SELECT 1 / 0;
+COMMIT;
+SELECT count(*) AS records FROM idem_records WHERE key = 'pc-14';
+
+-- Outside a transaction block a claim commits at once: written at once.
+SELECT outcome FROM idem_claim('pc.op', 'pc-15', '{"n": 15}');
+SELECT * FROM pg_temp.record('pc-15');
+
+-- A table the owner changed (here a CHECK constraint): every claim writes
+-- its record at once, so the owner's constraint sees it at the claim.
+ALTER TABLE idem_records ADD CONSTRAINT pc_no_16 CHECK (key <> 'pc-16');
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT outcome FROM idem_claim('pc.op', 'pc-16', '{"n": 16}');
+ROLLBACK;
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-17', '{"n": 17}') \gset
+SELECT * FROM pg_temp.writes(:ins, :upd);
+SELECT idem_complete(:'token', 201, '{"id": 17}');
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+ALTER TABLE idem_records DROP CONSTRAINT pc_no_16;
+
+-- A trigger added to idem_records after a claim in the same transaction:
+-- the claim cannot be written at commit any more, so the commit fails and
+-- nothing of the transaction stays.
+CREATE FUNCTION pc_trigger() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN RETURN NEW; END $$;
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT outcome FROM idem_claim('pc.op', 'pc-18', '{"n": 18}');
+CREATE TRIGGER pc_trigger BEFORE INSERT ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION pc_trigger();
+COMMIT;
+SELECT count(*) AS records FROM idem_records WHERE key = 'pc-18';
+SELECT count(*) AS triggers FROM pg_trigger WHERE tgname = 'pc_trigger';
+-- Completed after the trigger came: written processing, then updated, as
+-- on any table the owner changed.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-18', '{"n": 18}') \gset
+CREATE TRIGGER pc_trigger BEFORE INSERT ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION pc_trigger();
+SELECT idem_complete(:'token', 201, '{"id": 18}');
+SELECT * FROM pg_temp.writes(:ins, :upd);
+ROLLBACK;
+DROP FUNCTION pc_trigger();
+
+-- A raw INSERT of a finished record is still refused by the guard.
+INSERT INTO idem_records (role, tenant, caller, operation, key, fingerprint, state,
+                          attempt, on_lease_expiry, ttl, created_at, claimed_at,
+                          updated_at, expires_at, response_status)
+VALUES (current_user, '', current_user, 'pc.op', 'pc-raw', decode(repeat('00', 32), 'hex'),
+        'succeeded', 1, 'unknown', '1 day', now(), now(), now(), now() + '1 day', 201);
+
+DELETE FROM idem_records WHERE operation = 'pc.op';

@@ -1,0 +1,25 @@
+/*-------------------------------------------------------------------------
+ *
+ * pending_claim.h
+ *	  A new key claimed in a transaction block whose record is written
+ *	  once: finished at its completion, or processing before commit.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_PENDING_CLAIM_H
+#define IDEM_PENDING_CLAIM_H
+
+#include "storage/lock.h"
+
+#include "records.h"
+
+extern bool idem_pending_possible(void);
+extern void idem_pending_keep(const IdemScope *scope,
+							  const IdemAttemptStart *start, int64 id,
+							  const LOCKTAG *lock);
+extern void idem_pending_write(void);
+extern bool idem_pending_finish(const IdemToken *token,
+								const IdemResponse *response,
+								text **operation);
+
+#endif							/* IDEM_PENDING_CLAIM_H */
