@@ -20,6 +20,7 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "catalog/dependency.h"
 #include "catalog/indexing.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
@@ -158,6 +159,9 @@ look_up(IdemCatalog *fresh)
 				 errhint("If it was renamed, rename it back.")));
 	scope_index_columns(fresh);
 
+	fresh->id_sequence = getIdentitySequence(fresh->table_oid,
+											 get_attnum(fresh->table_oid, "id"),
+											 true);
 	fresh->guard_function = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
 											CStringGetDatum("idem_records_guard"),
 											PointerGetDatum(buildoidvector(NULL, 0)),
@@ -277,7 +281,8 @@ records_as_created(const IdemCatalog *fresh)
 	bool		as_created;
 	int			i;
 
-	as_created = triggers != NULL && triggers->numtriggers == 1 &&
+	as_created = OidIsValid(fresh->id_sequence) &&
+		triggers != NULL && triggers->numtriggers == 1 &&
 		triggers->triggers[0].tgfoid == fresh->guard_function;
 	for (i = 0; as_created && i < tupdesc->natts; i++)
 	{

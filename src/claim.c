@@ -17,7 +17,10 @@
  * one comparison.
  *
  * A claim that inserts a new record holds the key lock (key_lock.c) only
- * until its row is in the unique index; a claim that updates an existing
+ * until its row is in the unique index.  Inside a transaction block,
+ * idem_claim of a new key writes no row yet (pending_claim.c): its
+ * completion writes it once, finished, or the commit writes it processing,
+ * and the key lock is held until then.  A claim that updates an existing
  * record (takeover, new attempt, reuse) takes a row lock that skips rows
  * locked by others.  No lock-table entry per key is kept until commit, so
  * a transaction may claim any number of keys.  A claim that finds the key
@@ -628,9 +631,9 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 			case IDEM_ACTION_INSERT:
 
 				/*
-				 * Own the key until the row is in the unique index.  The
-				 * lock is held for microseconds: whoever holds it now is
-				 * inserting the same key, and has not committed.
+				 * Own the key until the row is in the unique index.  Whoever
+				 * holds the lock now is inserting the same key, or holds a
+				 * pending claim of it, and has not committed.
 				 */
 				idem_key_lock_tag(&lock, &req->scope);
 				if (!idem_key_lock_try(&lock))

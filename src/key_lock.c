@@ -17,6 +17,8 @@
  * The probe and the insert are not atomic, so a claim that is about to
  * insert first takes the key lock, without waiting, and gives it back as
  * soon as its row is in the unique index (or it decided not to insert).
+ * A claim whose record is written at its completion (pending_claim.c)
+ * holds the lock until then: one lock per transaction at most.
  * Two claims of one key in the same microsecond thus never both insert:
  * the second finds the lock taken (in_progress at once, or with wait > 0 a
  * wait of microseconds) or finds the first one's row.  A transaction holds
@@ -38,7 +40,8 @@
  * The key lock's tag is an advisory lock tag whose fourth field is
  * IDEM_LOCK_CLASS: pg_advisory_lock() uses 1 and 2 there, so the two never
  * collide.  In pg_locks it shows as locktype "advisory" with objsubid 478,
- * for the microseconds of an insert.
+ * for the microseconds of an insert, or from a pending claim to its
+ * completion.
  *
  * A claim with wait > 0 waits for a lock for real (a lock wait that
  * pg_locks and the deadlock detector see) up to its deadline.  PostgreSQL's

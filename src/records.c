@@ -52,6 +52,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
@@ -154,6 +155,9 @@ static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
 static bool key_taken(IdemRecordWriter *w, const IdemScope *scope,
 					  TransactionId *writer);
+static void refuse_claimed_since_snapshot(TransactionId writer);
+static bool scope_scan(Relation heap, const IdemScope *scope,
+					   Snapshot snapshot, TupleTableSlot *slot);
 static void insert_row(IdemRecordWriter *w, const IdemScope *scope,
 					   const IdemAttemptStart *start, int64 id,
 					   const IdemResponse *response, TimestampTz now);
@@ -204,28 +208,20 @@ static bool
 fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
 {
 	const IdemCatalog *cat = idem_catalog();
-	ScanKeyData keys[IDEM_SCOPE_PARTS];
 	Snapshot	snapshot;
 	Relation	heap;
-	Relation	index;
-	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	bool		found;
 	int			i;
-
-	scope_keys(scope, keys);
 
 	/* make this statement's own earlier writes visible, as SPI would */
 	CommandCounterIncrement();
 	snapshot = RegisterSnapshot(latest ? GetLatestSnapshot() :
 								GetTransactionSnapshot());
 	heap = table_open(cat->table_oid, AccessShareLock);
-	index = index_open(cat->scope_index_oid, AccessShareLock);
 	slot = table_slot_create(heap, NULL);
 
-	scan = index_beginscan(heap, index, snapshot, IDEM_SCOPE_PARTS, 0);
-	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	found = scope_scan(heap, scope, snapshot, slot);
 	if (found)
 	{
 		Datum		values[RECORD_COLUMN_COUNT];
@@ -239,12 +235,34 @@ fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest)
 		rec->response_sealed = (bytea *) optional_column(slot, col[COL_RESPONSE_SEALED]);
 		rec->writer_xid = version_writer(slot);
 	}
-	index_endscan(scan);
 
 	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, NoLock);
 	table_close(heap, NoLock);
 	UnregisterSnapshot(snapshot);
+	return found;
+}
+
+/*
+ * The first row version of the scope and key that the unique index finds
+ * under snapshot, into slot (a slot of heap).
+ */
+static bool
+scope_scan(Relation heap, const IdemScope *scope, Snapshot snapshot,
+		   TupleTableSlot *slot)
+{
+	const IdemCatalog *cat = idem_catalog();
+	ScanKeyData keys[IDEM_SCOPE_PARTS];
+	Relation	index;
+	IndexScanDesc scan;
+	bool		found;
+
+	scope_keys(scope, keys);
+	index = index_open(cat->scope_index_oid, AccessShareLock);
+	scan = index_beginscan(heap, index, snapshot, IDEM_SCOPE_PARTS, 0);
+	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	index_close(index, NoLock);
 	return found;
 }
 
@@ -351,16 +369,27 @@ bool
 idem_record_claim_unwritten(const IdemScope *scope, int64 *id,
 							TransactionId *writer)
 {
-	IdemRecordWriter w;
+	const IdemCatalog *cat = idem_catalog();
+	SnapshotData dirty;
+	Relation	heap;
+	TupleTableSlot *slot;
+	bool		taken;
 
-	idem_writer_begin(&w);
-	if (key_taken(&w, scope, writer))
+	/* the lock its insert will take: no DDL from others until it is written */
+	heap = table_open(cat->table_oid, RowExclusiveLock);
+	slot = table_slot_create(heap, NULL);
+	InitDirtySnapshot(dirty);
+	taken = scope_scan(heap, scope, &dirty, slot);
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(heap, NoLock);
+	if (taken)
 	{
-		idem_writer_end(&w);
+		*writer = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+		refuse_claimed_since_snapshot(*writer);
 		return false;
 	}
-	*id = idem_writer_next_id(&w);
-	idem_writer_end(&w);
+	*writer = InvalidTransactionId;
+	*id = nextval_internal(cat->id_sequence, false);
 	/* the claim proceeds: its record will commit with the transaction */
 	outcome_written();
 	return true;
@@ -400,12 +429,23 @@ key_taken(IdemRecordWriter *w, const IdemScope *scope, TransactionId *writer)
 	if (!idem_writer_key_taken(w, cat->scope_index_oid, keys,
 							   IDEM_SCOPE_PARTS, writer))
 		return false;
-	if (IsolationUsesXactSnapshot() && !TransactionIdIsValid(*writer))
+	refuse_claimed_since_snapshot(*writer);
+	return true;
+}
+
+/*
+ * A key found taken by a committed record (writer invalid) that the read
+ * did not see: under REPEATABLE READ or SERIALIZABLE that is a
+ * serialization failure, as for INSERT ... ON CONFLICT.
+ */
+static void
+refuse_claimed_since_snapshot(TransactionId writer)
+{
+	if (IsolationUsesXactSnapshot() && !TransactionIdIsValid(writer))
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("could not serialize access due to concurrent update"),
 				 errdetail("Another transaction claimed the same idempotency key after this transaction's snapshot was taken.")));
-	return true;
 }
 
 /*
