@@ -54,7 +54,8 @@
 #   SIZES "10000 1000000 10000000" / "10000 200000", SIZE_ROUNDS 3 / 1, SIZE_SECONDS 20 / 5
 #   MEM_SECONDS 300 / 30, MEM_INTERVAL 30 / 5
 #   COUNTER_ROUNDS 7 / 2 (RUN_SECONDS each)
-#   INSTR_TX 1000 (instructions; KEYS defaults to 5000 there)
+#   INSTR_TX 1000 (instructions; KEYS defaults to 5000 there), INSTR_VARIANTS (the
+#   workloads/ scripts counted; default all ten of the tps part)
 set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 . "$BENCH_DIR/../scripts/lib.sh"
@@ -92,6 +93,7 @@ MEM_SECONDS=${MEM_SECONDS:-300}
 MEM_INTERVAL=${MEM_INTERVAL:-30}
 COUNTER_ROUNDS=${COUNTER_ROUNDS:-7}
 INSTR_TX=${INSTR_TX:-1000}
+INSTR_VARIANTS=${INSTR_VARIANTS:-new_floor_hot new_floor new_peer new_ext replay_floor replay_floor_hash replay_peer replay_ext inprogress_peer inprogress_ext}
 has_part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 START_TIME=$(date +%s)
@@ -411,8 +413,7 @@ part_instructions() {
     for p in $PROTOCOLS; do
         dir=$W
         [ "$p" = simple ] && dir=$IDEM_TMP/simple
-        for v in new_floor_hot new_floor new_peer new_ext replay_floor replay_floor_hash replay_peer replay_ext \
-                 inprogress_peer inprogress_ext; do
+        for v in $INSTR_VARIANTS; do
             a=$(instructions_of "$p" "$dir/$v.sql" 100)
             b=$(instructions_of "$p" "$dir/$v.sql" $((INSTR_TX + 100)))
             printf '%s:%s\t%s\n' "$p" "$v" $(( (b - a) / INSTR_TX )) >>"$results"
