@@ -260,3 +260,38 @@ DROP DOMAIN af_present;
 DELETE FROM idem_records WHERE operation = 'af.op';
 \set VERBOSITY default
 
+
+-- A column of the extension's whose type is changed (ALTER COLUMN ... TYPE
+-- rewrites the rows) is refused before any record is read or written
+-- (42804), whatever the call: the library would read and write it as the
+-- type it created.  Its type given back, the records are served again.
+\set VERBOSITY terse
+SELECT token AS ct_token FROM idem_claim('ct.op', 'ct-1', '{}') \gset
+SELECT idem_complete(:'ct_token', 201, '{"id": "ct-1"}');
+ALTER TABLE idem_records ALTER COLUMN response_body TYPE text USING response_body::text;
+SELECT outcome, body FROM idem_claim('ct.op', 'ct-1', '{}');
+SELECT outcome FROM idem_claim('ct.op', 'ct-2', '{}');
+\set VERBOSITY sqlstate
+SELECT * FROM idem_replay('ct.op', 'ct-1');
+\set VERBOSITY terse
+SELECT count(*) AS written FROM idem_records WHERE key = 'ct-2';
+ALTER TABLE idem_records ALTER COLUMN response_body TYPE jsonb USING response_body::jsonb;
+SELECT outcome, body FROM idem_claim('ct.op', 'ct-1', '{}');
+-- A domain over the type is refused too (the library's writes would not
+-- check its constraints), and so is a type of the same representation.
+CREATE DOMAIN ct_status AS integer CHECK (VALUE < 600);
+ALTER TABLE idem_records ALTER COLUMN response_status TYPE ct_status;
+SELECT outcome, http_status FROM idem_claim('ct.op', 'ct-1', '{}');
+ALTER TABLE idem_records ALTER COLUMN response_status TYPE integer;
+DROP DOMAIN ct_status;
+SELECT token AS ct_token FROM idem_claim('ct.op', 'ct-3', '{}') \gset
+ALTER TABLE idem_records ALTER COLUMN key TYPE varchar(300) COLLATE "C";
+SELECT outcome FROM idem_claim('ct.op', 'ct-1', '{}');
+SELECT idem_complete(:'ct_token', 201);
+ALTER TABLE idem_records ALTER COLUMN key TYPE text COLLATE "C";
+SELECT outcome FROM idem_claim('ct.op', 'ct-1', '{}');
+SELECT idem_complete(:'ct_token', 201);
+SELECT key, state, response_status FROM idem_records
+ WHERE operation = 'ct.op' ORDER BY key;
+DELETE FROM idem_records WHERE operation = 'ct.op';
+\set VERBOSITY default

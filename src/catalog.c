@@ -64,6 +64,8 @@ static void invalidate_catalog(Datum arg, Oid relid);
 static void invalidate_catalog_schema(Datum arg, int cacheid, uint32 hashvalue);
 static Oid	enum_label_oid(Oid type, const char *label);
 static void scope_index_columns(IdemCatalog *fresh);
+static void check_column_types(const IdemCatalog *fresh);
+static Oid	created_type(const IdemCatalog *fresh, const char *column);
 static bool records_as_created(const IdemCatalog *fresh);
 static bool name_in(const char *name, const char *const *names);
 
@@ -179,6 +181,7 @@ look_up(IdemCatalog *fresh)
 	for (i = 0; i < IDEM_NUM_POLICIES; i++)
 		fresh->policy_oids[i] = enum_label_oid(fresh->policy_type,
 											   idem_policy_name((IdemLeasePolicy) i));
+	check_column_types(fresh);
 
 	/* last: nothing after it can fail and leave it behind */
 	fresh->qualified_table =
@@ -238,6 +241,86 @@ scope_index_columns(IdemCatalog *fresh)
 						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
 				 errdetail("It must be unique on the columns role, tenant, caller, operation and key, without expressions or a predicate."),
 				 errhint("Recreate it as the extension's installation script does.")));
+}
+
+/*
+ * Refuse a table whose columns of the extension do not have the types its
+ * scripts gave them (ALTER COLUMN ... TYPE): the library reads and writes
+ * their values as those types, and a value of another type read as jsonb,
+ * say, is garbage or worse.  A domain over the type is refused too, since
+ * the library's writes would not check its constraints.
+ */
+static void
+check_column_types(const IdemCatalog *fresh)
+{
+	Relation	rel = table_open(fresh->table_oid, AccessShareLock);
+	TupleDesc	tupdesc = RelationGetDescr(rel);
+	char	   *column = NULL;
+	Oid			has = InvalidOid;
+	Oid			wants = InvalidOid;
+	int			i;
+
+	for (i = 0; i < tupdesc->natts && column == NULL; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+		Oid			created;
+
+		if (att->attisdropped)
+			continue;
+		created = created_type(fresh, NameStr(att->attname));
+		if (OidIsValid(created) && att->atttypid != created)
+		{
+			column = pstrdup(NameStr(att->attname));
+			has = att->atttypid;
+			wants = created;
+		}
+	}
+	table_close(rel, AccessShareLock);
+	if (column != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("column \"%s\" of table \"%s\" has type %s, not %s",
+						column, IDEM_RECORDS_TABLE, format_type_be(has),
+						format_type_be(wants)),
+				 errdetail("The idempotency extension reads and writes it as %s.",
+						   format_type_be(wants)),
+				 errhint("Change its type back with ALTER TABLE ... ALTER COLUMN ... TYPE.")));
+}
+
+/*
+ * The type the extension's scripts give a column of idem_records, or
+ * InvalidOid for a column they do not create.
+ */
+static Oid
+created_type(const IdemCatalog *fresh, const char *column)
+{
+	static const struct
+	{
+		const char *name;
+		Oid			type;
+	}			columns[] = {
+		{"id", INT8OID}, {"role", TEXTOID}, {"tenant", TEXTOID},
+		{"caller", TEXTOID}, {"operation", TEXTOID}, {"key", TEXTOID},
+		{"fingerprint", BYTEAOID}, {"attempt", INT4OID},
+		{"attempt_token", BYTEAOID}, {"recovery_point", TEXTOID},
+		{"locked_until", TIMESTAMPTZOID}, {"ttl", INTERVALOID},
+		{"response_status", INT4OID}, {"response_headers", JSONBOID},
+		{"response_body", JSONBOID}, {"resource_id", TEXTOID},
+		{"created_at", TIMESTAMPTZOID}, {"claimed_at", TIMESTAMPTZOID},
+		{"updated_at", TIMESTAMPTZOID}, {"completed_at", TIMESTAMPTZOID},
+		{"expires_at", TIMESTAMPTZOID}, {"response_raw_body", BYTEAOID},
+		{"response_sealed", BYTEAOID}
+	};
+	int			i;
+
+	if (strcmp(column, "state") == 0)
+		return fresh->state_type;
+	if (strcmp(column, "on_lease_expiry") == 0)
+		return fresh->policy_type;
+	for (i = 0; i < lengthof(columns); i++)
+		if (strcmp(column, columns[i].name) == 0)
+			return columns[i].type;
+	return InvalidOid;
 }
 
 /*
