@@ -293,5 +293,36 @@ SELECT outcome FROM idem_claim('ct.op', 'ct-1', '{}');
 SELECT idem_complete(:'ct_token', 201);
 SELECT key, state, response_status FROM idem_records
  WHERE operation = 'ct.op' ORDER BY key;
+
+-- The scope's columns keep collation "C": a claim finds its key by bytes,
+-- and in a unique index ordered by another collation it missed records
+-- that exist, answering proceed for a finished key inside a transaction
+-- block.  Such a column is refused (42P21), and an index of the scope in
+-- another collation too (55000).
+SELECT count(*) AS finished
+  FROM (SELECT idem_complete((SELECT token FROM idem_claim('ct.op', k, '{}')), 200)
+          FROM unnest('{a,B,c,D,e,F,g,H,_x,-y,Z1,z2,aa,AB}'::text[]) k) s;
+ALTER TABLE idem_records ALTER COLUMN key TYPE text COLLATE "und-x-icu";
+BEGIN;
+\set VERBOSITY sqlstate
+SELECT outcome FROM idem_claim('ct.op', 'a', '{}');
+\set VERBOSITY terse
+ROLLBACK;
+SELECT outcome FROM idem_claim('ct.op', 'a', '{}');
+ALTER TABLE idem_records ALTER COLUMN key TYPE text COLLATE "C";
+DROP INDEX idem_records_scope_key;
+CREATE UNIQUE INDEX idem_records_scope_key ON idem_records
+    (key COLLATE "und-x-icu", operation, caller, tenant, role);
+BEGIN;
+\set VERBOSITY sqlstate
+SELECT outcome FROM idem_claim('ct.op', 'a', '{}');
+\set VERBOSITY terse
+ROLLBACK;
+SELECT outcome FROM idem_claim('ct.op', 'a', '{}');
+DROP INDEX idem_records_scope_key;
+CREATE UNIQUE INDEX idem_records_scope_key ON idem_records
+    (key, operation, caller, tenant, role);
+SELECT k, (SELECT outcome FROM idem_claim('ct.op', k, '{}'))
+  FROM unnest('{a,B,c,D,e,F,g,H,_x,-y,Z1,z2,aa,AB}'::text[]) k;
 DELETE FROM idem_records WHERE operation = 'ct.op';
 \set VERBOSITY default

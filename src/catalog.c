@@ -24,6 +24,7 @@
 #include "catalog/indexing.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
@@ -35,6 +36,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/ruleutils.h"
 #include "utils/syscache.h"
 
 #include "catalog.h"
@@ -159,7 +161,6 @@ look_up(IdemCatalog *fresh)
 				 errmsg("index \"%s\" of extension \"%s\" does not exist",
 						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
 				 errhint("If it was renamed, rename it back.")));
-	scope_index_columns(fresh);
 
 	fresh->id_sequence = getIdentitySequence(fresh->table_oid,
 											 get_attnum(fresh->table_oid, "id"),
@@ -182,6 +183,7 @@ look_up(IdemCatalog *fresh)
 		fresh->policy_oids[i] = enum_label_oid(fresh->policy_type,
 											   idem_policy_name((IdemLeasePolicy) i));
 	check_column_types(fresh);
+	scope_index_columns(fresh);
 
 	/* last: nothing after it can fail and leave it behind */
 	fresh->qualified_table =
@@ -205,6 +207,8 @@ scope_index_columns(IdemCatalog *fresh)
 	};
 	HeapTuple	tuple;
 	Form_pg_index index;
+	oidvector  *collations;
+	bool		isnull;
 	bool		seen[IDEM_SCOPE_PARTS] = {false};
 	bool		fits;
 	int			i;
@@ -213,8 +217,11 @@ scope_index_columns(IdemCatalog *fresh)
 	if (!HeapTupleIsValid(tuple))
 		elog(ERROR, "cache lookup failed for index %u", fresh->scope_index_oid);
 	index = (Form_pg_index) GETSTRUCT(tuple);
+	collations = (oidvector *) DatumGetPointer(SysCacheGetAttr(INDEXRELID, tuple,
+															   Anum_pg_index_indcollation,
+															   &isnull));
 	fits = index->indrelid == fresh->table_oid && index->indisunique &&
-		index->indnkeyatts == IDEM_SCOPE_PARTS &&
+		index->indnkeyatts == IDEM_SCOPE_PARTS && !isnull &&
 		heap_attisnull(tuple, Anum_pg_index_indexprs, NULL) &&
 		heap_attisnull(tuple, Anum_pg_index_indpred, NULL);
 	for (i = 0; fits && i < IDEM_SCOPE_PARTS; i++)
@@ -223,7 +230,10 @@ scope_index_columns(IdemCatalog *fresh)
 									   index->indkey.values[i], true);
 		int			part;
 
+		/* the scans compare bytes, as "C" orders them (records.c) */
 		fits = false;
+		if (collations->values[i] != C_COLLATION_OID)
+			break;
 		for (part = 0; name != NULL && part < IDEM_SCOPE_PARTS; part++)
 			if (!seen[part] && strcmp(name, part_names[part]) == 0)
 			{
@@ -239,7 +249,7 @@ scope_index_columns(IdemCatalog *fresh)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("index \"%s\" of extension \"%s\" is not the unique index of the scope and key",
 						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
-				 errdetail("It must be unique on the columns role, tenant, caller, operation and key, without expressions or a predicate."),
+				 errdetail("It must be unique on the columns role, tenant, caller, operation and key, in collation \"C\", without expressions or a predicate."),
 				 errhint("Recreate it as the extension's installation script does.")));
 }
 
@@ -248,16 +258,22 @@ scope_index_columns(IdemCatalog *fresh)
  * scripts gave them (ALTER COLUMN ... TYPE): the library reads and writes
  * their values as those types, and a value of another type read as jsonb,
  * say, is garbage or worse.  A domain over the type is refused too, since
- * the library's writes would not check its constraints.
+ * the library's writes would not check its constraints.  The scope's
+ * columns keep collation "C": a claim looks its key up by bytes, and in an
+ * index ordered otherwise would miss a record that exists.
  */
 static void
 check_column_types(const IdemCatalog *fresh)
 {
 	Relation	rel = table_open(fresh->table_oid, AccessShareLock);
 	TupleDesc	tupdesc = RelationGetDescr(rel);
+	static const char *const scope_columns[] = {
+		"role", "tenant", "caller", "operation", "key", NULL
+	};
 	char	   *column = NULL;
 	Oid			has = InvalidOid;
 	Oid			wants = InvalidOid;
+	Oid			collation = InvalidOid;
 	int			i;
 
 	for (i = 0; i < tupdesc->natts && column == NULL; i++)
@@ -274,8 +290,22 @@ check_column_types(const IdemCatalog *fresh)
 			has = att->atttypid;
 			wants = created;
 		}
+		else if (name_in(NameStr(att->attname), scope_columns) &&
+				 att->attcollation != C_COLLATION_OID)
+		{
+			column = pstrdup(NameStr(att->attname));
+			collation = att->attcollation;
+		}
 	}
 	table_close(rel, AccessShareLock);
+	if (column != NULL && OidIsValid(collation))
+		ereport(ERROR,
+				(errcode(ERRCODE_COLLATION_MISMATCH),
+				 errmsg("column \"%s\" of table \"%s\" has collation %s, not \"C\"",
+						column, IDEM_RECORDS_TABLE,
+						generate_collation_name(collation)),
+				 errdetail("The idempotency extension finds a key by its bytes, as collation \"C\" orders and compares them."),
+				 errhint("Change it back with ALTER TABLE ... ALTER COLUMN ... TYPE text COLLATE \"C\".")));
 	if (column != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
