@@ -86,6 +86,13 @@ SELECT * FROM pg_temp.writes(:ins, :upd);
 COMMIT;
 SELECT * FROM pg_temp.record('pc-5');
 
+-- idem_list in the claiming transaction lists the pending claim at its
+-- first call (it reads after writing it).
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-5l', '{"n": 5}');
+SELECT key, state FROM idem_list('processing', 'pc.op');
+ROLLBACK;
+
 -- Two new keys in one transaction: the second claim writes the first one's
 -- record (processing) before it reads; each completes.
 BEGIN;
@@ -202,6 +209,41 @@ SELECT idem_complete(:'token', 201, '{"id": 17}');
 SELECT * FROM pg_temp.writes(:ins, :upd);
 COMMIT;
 ALTER TABLE idem_records DROP CONSTRAINT pc_no_16;
+
+-- The same for a default the owner gives a column of the extension's, and
+-- for a constraint or index of the extension's that the owner replaced
+-- under its name: the claim writes its record at once, so the row and the
+-- errors are those of a claim followed by its completion.  (Written once,
+-- the finished row got the default where the completion stores NULL, and
+-- a claim refused by the replaced constraint answered proceed and failed
+-- at the commit.)
+ALTER TABLE idem_records ALTER COLUMN response_headers SET DEFAULT '{"x-default": "1"}';
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT token FROM idem_claim('pc.op', 'pc-17d', '{"n": 17}') \gset
+SELECT idem_complete(:'token', 201);
+SELECT * FROM pg_temp.writes(:ins, :upd);
+COMMIT;
+SELECT response_headers FROM idem_records WHERE key = 'pc-17d';
+ALTER TABLE idem_records ALTER COLUMN response_headers DROP DEFAULT;
+ALTER TABLE idem_records DROP CONSTRAINT idem_records_status_range;
+ALTER TABLE idem_records ADD CONSTRAINT idem_records_status_range
+  CHECK (key <> 'pc-17c' AND response_status BETWEEN 100 AND 599);
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-17c', '{"n": 17}');
+ROLLBACK;
+ALTER TABLE idem_records DROP CONSTRAINT idem_records_status_range;
+ALTER TABLE idem_records ADD CONSTRAINT idem_records_status_range
+  CHECK (response_status BETWEEN 100 AND 599);
+DROP INDEX idem_records_expiry;
+CREATE UNIQUE INDEX idem_records_expiry ON idem_records (operation)
+  WHERE key IN ('pc-17', 'pc-17u');
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-17u', '{"n": 17}');
+ROLLBACK;
+DROP INDEX idem_records_expiry;
+CREATE INDEX idem_records_expiry ON idem_records (expires_at)
+  WHERE state IN ('succeeded', 'failed', 'retryable');
 
 -- A trigger added to idem_records after a claim in the same transaction:
 -- the claim cannot be written at commit any more, so the commit fails and

@@ -69,6 +69,8 @@ static void scope_index_columns(IdemCatalog *fresh);
 static void check_column_types(const IdemCatalog *fresh);
 static Oid	created_type(const IdemCatalog *fresh, const char *column);
 static bool records_as_created(const IdemCatalog *fresh);
+static bool check_as_created(Relation rel, const ConstrCheck *check);
+static bool index_as_created(Oid index_oid);
 static bool name_in(const char *name, const char *const *names);
 
 /*
@@ -355,11 +357,12 @@ created_type(const IdemCatalog *fresh, const char *column)
 
 /*
  * Whether idem_records is as the extension's scripts (1.0 or 1.1) created
- * it: no column, CHECK or NOT NULL constraint, domain, index or trigger
- * that its owner added, changed or dropped.  Only then may a claim's record be written at its
- * completion (pending_claim.c): whatever the owner added (a default, a
- * constraint, a unique index, a trigger, a foreign key and its triggers)
- * sees the claim's row at the claim, as it always did.
+ * it: no column, default, CHECK or NOT NULL constraint, domain, index or
+ * trigger that its owner added, changed, replaced or dropped.  Only then
+ * may a claim's record be written at its completion (pending_claim.c):
+ * whatever the owner added (a default, a constraint, a unique index, a
+ * trigger, a foreign key and its triggers) sees the claim's row at the
+ * claim, as it always did.
  */
 static bool
 records_as_created(const IdemCatalog *fresh)
@@ -377,15 +380,6 @@ records_as_created(const IdemCatalog *fresh)
 		"state", "attempt", "on_lease_expiry", "ttl", "created_at",
 		"claimed_at", "updated_at", "expires_at", NULL
 	};
-	static const char *const checks[] = {
-		"idem_records_fingerprint_length", "idem_records_attempt_positive",
-		"idem_records_status_range", "idem_records_headers_object",
-		"idem_records_headers_shape", "idem_records_sealed_alone", NULL
-	};
-	static const char *const indexes[] = {
-		"idem_records_pkey", "idem_records_scope_key", "idem_records_lease",
-		"idem_records_expiry", "idem_records_unpurged", NULL
-	};
 	Relation	rel = table_open(fresh->table_oid, AccessShareLock);
 	TupleDesc	tupdesc = RelationGetDescr(rel);
 	TriggerDesc *triggers = rel->trigdesc;
@@ -400,26 +394,108 @@ records_as_created(const IdemCatalog *fresh)
 	for (i = 0; as_created && i < tupdesc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+		const char *name = NameStr(att->attname);
 
-		/* a dropped column: the table was altered (columns moved) */
-		as_created = !att->attisdropped &&
-			name_in(NameStr(att->attname), columns) &&
-			att->attnotnull == name_in(NameStr(att->attname), not_null) &&
-			get_typtype(att->atttypid) != TYPTYPE_DOMAIN;
+		/*
+		 * A dropped column: the table was altered (columns moved).  A
+		 * default (only role's is the scripts'): the finished row would get
+		 * it where the completion stores NULL.
+		 */
+		as_created = !att->attisdropped && name_in(name, columns) &&
+			att->attnotnull == name_in(name, not_null) &&
+			get_typtype(att->atttypid) != TYPTYPE_DOMAIN &&
+			(!att->atthasdef || strcmp(name, "role") == 0) &&
+			att->attgenerated == '\0' &&
+			(att->attidentity != '\0') == (strcmp(name, "id") == 0);
 	}
 	for (i = 0; as_created && tupdesc->constr != NULL &&
 		 i < tupdesc->constr->num_check; i++)
-		as_created = name_in(tupdesc->constr->check[i].ccname, checks);
+		as_created = check_as_created(rel, &tupdesc->constr->check[i]);
 	index_oids = as_created ? RelationGetIndexList(rel) : NIL;
 	foreach(lc, index_oids)
 	{
-		char	   *name = get_rel_name(lfirst_oid(lc));
-
-		if (name == NULL || !name_in(name, indexes))
+		if (!index_as_created(lfirst_oid(lc)))
 			as_created = false;
 	}
 	list_free(index_oids);
 	table_close(rel, AccessShareLock);
+	return as_created;
+}
+
+/*
+ * Whether a CHECK constraint is one of the scripts', by its name and its
+ * expression (a constraint the owner replaced under the same name is the
+ * owner's).  The expression is compared as PostgreSQL shows it: where that
+ * differs (another major version, a function shadowing a built-in), the
+ * constraint counts as the owner's, which only turns writing once off.
+ */
+static bool
+check_as_created(Relation rel, const ConstrCheck *check)
+{
+	static const char *const checks[][2] = {
+		{"idem_records_fingerprint_length", "(octet_length(fingerprint) = 32)"},
+		{"idem_records_attempt_positive", "(attempt >= 1)"},
+		{"idem_records_status_range",
+		"((response_status >= 100) AND (response_status <= 599))"},
+		{"idem_records_headers_object",
+		"(jsonb_typeof(response_headers) = 'object'::text)"},
+		{"idem_records_headers_shape",
+		"(jsonb_typeof(response_headers) = ANY (ARRAY['object'::text, 'array'::text]))"},
+		{"idem_records_sealed_alone",
+		"((response_sealed IS NULL) OR ((response_headers IS NULL) AND (response_body IS NULL) AND (response_raw_body IS NULL)))"}
+	};
+	int			i;
+
+	for (i = 0; i < lengthof(checks); i++)
+	{
+		char	   *shown;
+
+		if (strcmp(check->ccname, checks[i][0]) != 0)
+			continue;
+		shown = deparse_expression(stringToNode(check->ccbin),
+								   deparse_context_for(RelationGetRelationName(rel),
+													   RelationGetRelid(rel)),
+								   false, false);
+		return strcmp(shown, checks[i][1]) == 0;
+	}
+	return false;
+}
+
+/*
+ * Whether an index is one of the scripts': by its name, whether it is
+ * unique (the primary key on id alone, the scope's, which
+ * scope_index_columns checks) and without expressions or exclusion.  An
+ * index the owner replaced under one of these names that could refuse a
+ * row is the owner's.
+ */
+static bool
+index_as_created(Oid index_oid)
+{
+	static const char *const indexes[] = {
+		"idem_records_pkey", "idem_records_scope_key", "idem_records_lease",
+		"idem_records_expiry", "idem_records_unpurged", NULL
+	};
+	char	   *name = get_rel_name(index_oid);
+	HeapTuple	tuple;
+	Form_pg_index index;
+	bool		as_created;
+
+	if (name == NULL || !name_in(name, indexes))
+		return false;
+	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(index_oid));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	index = (Form_pg_index) GETSTRUCT(tuple);
+	as_created = !index->indisexclusion &&
+		heap_attisnull(tuple, Anum_pg_index_indexprs, NULL);
+	if (strcmp(name, "idem_records_pkey") == 0)
+		as_created = as_created && index->indisprimary &&
+			index->indnkeyatts == 1 &&
+			heap_attisnull(tuple, Anum_pg_index_indpred, NULL) &&
+			index->indkey.values[0] == get_attnum(index->indrelid, "id");
+	else if (strcmp(name, IDEM_SCOPE_INDEX) != 0)
+		as_created = as_created && !index->indisunique;
+	ReleaseSysCache(tuple);
 	return as_created;
 }
 

@@ -59,6 +59,7 @@ idem_list(PG_FUNCTION_ARGS)
 	IdemUserContext user;
 	int			ret;
 	uint64		i;
+	bool		wrote_pending;
 
 	idem_require_arg(fcinfo, 0, "state");
 	idem_require_arg(fcinfo, 3, "max_rows");
@@ -105,11 +106,15 @@ idem_list(PG_FUNCTION_ARGS)
 		elog(ERROR, "idem_list has %d columns, expected %d",
 			 rsinfo->setDesc->natts, LIST_COLUMNS);
 
-	idem_pending_write();
+	/*
+	 * A claim of this transaction whose record was just written is seen only
+	 * by a snapshot taken after it: the statement's own would miss it.
+	 */
+	wrote_pending = idem_pending_write();
 	idem_become_owner(&user);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	ret = SPI_execute_plan(get_list_plan(cat), args, nulls, true, 0);
+	ret = SPI_execute_plan(get_list_plan(cat), args, nulls, !wrote_pending, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "idem_list statement failed: %s", SPI_result_code_string(ret));
 	for (i = 0; i < SPI_processed; i++)

@@ -148,12 +148,16 @@ idem_pending_keep(const IdemScope *scope, const IdemAttemptStart *start,
 /*
  * Write the pending claim's record, processing, if it is not written: what
  * every function of the extension does before it reads or writes a record.
+ * Returns whether it wrote it: a read in the same statement then needs a
+ * snapshot taken after the write (CommandCounterIncrement) to see it.
  */
-void
+bool
 idem_pending_write(void)
 {
-	if (pending.active && !pending.written)
-		write_pending(NULL, 0);
+	if (!pending.active || pending.written)
+		return false;
+	write_pending(NULL, 0);
+	return true;
 }
 
 /*

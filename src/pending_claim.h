@@ -17,7 +17,7 @@ extern bool idem_pending_possible(void);
 extern void idem_pending_keep(const IdemScope *scope,
 							  const IdemAttemptStart *start, int64 id,
 							  const LOCKTAG *lock);
-extern void idem_pending_write(void);
+extern bool idem_pending_write(void);
 extern bool idem_pending_finish(const IdemToken *token,
 								const IdemResponse *response,
 								text **operation);
