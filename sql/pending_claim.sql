@@ -244,6 +244,27 @@ ROLLBACK;
 DROP INDEX idem_records_expiry;
 CREATE INDEX idem_records_expiry ON idem_records (expires_at)
   WHERE state IN ('succeeded', 'failed', 'retryable');
+-- The same for an index of the extension's replaced by one whose predicate
+-- or column can fail on a row: the claim fails, not the commit after it
+-- answered proceed.
+DROP INDEX idem_records_lease;
+CREATE INDEX idem_records_lease ON idem_records (locked_until)
+  WHERE 1 / (CASE key WHEN 'pc-17p' THEN 0 ELSE 1 END) > 0;
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-17p', '{"n": 17}');
+COMMIT;
+DROP INDEX idem_records_lease;
+CREATE INDEX idem_records_lease ON idem_records (locked_until)
+  WHERE state = 'processing';
+
+-- A key too long for the unique index (idempotency.max_key_length raised,
+-- a key that does not compress): the claim fails, not the commit.
+SET idempotency.max_key_length = 8192;
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op',
+  (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 100) i), '{"n": 17}');
+COMMIT;
+RESET idempotency.max_key_length;
 
 -- A trigger added to idem_records after a claim in the same transaction:
 -- the claim cannot be written at commit any more, so the commit fails and

@@ -181,6 +181,12 @@ CREATE DATABASE regress_idem_rename;
 \c regress_idem_rename
 CREATE SCHEMA idem;
 CREATE EXTENSION idempotency SCHEMA idem;
+-- A new key is written once there too (not in the table before its
+-- completion or the commit), also when the schema is not on the search path.
+BEGIN;
+SELECT outcome FROM idem.idem_claim('rn.op', 'rn-once', '{}');
+SELECT count(*) AS written_yet FROM idem.idem_records WHERE key = 'rn-once';
+ROLLBACK;
 SET search_path = idem;
 SET idempotency.default_lease = '1h';
 SELECT token FROM idem_claim('rn.op', 'rn-1', '{}', on_lease_expiry => 'retry') \gset

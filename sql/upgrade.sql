@@ -104,6 +104,15 @@ REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
 REVOKE SELECT ON idem_stats FROM regress_upgrade_app;
 DROP ROLE regress_upgrade_app;
 
+-- A new key claimed in a transaction block is written once, as in a fresh
+-- install: not in the table before its completion.
+BEGIN;
+SELECT token AS once_token FROM idem_claim('op', 'written-once', '{"n": 7}') \gset
+SELECT count(*) AS written_yet FROM idem_records WHERE key = 'written-once';
+SELECT idem_complete(:'once_token', 201, '{"id": 7}');
+SELECT state, response_status FROM idem_records WHERE key = 'written-once';
+COMMIT;
+
 -- The records answer as before.
 SELECT key, outcome, state, attempt, http_status, headers, body, resource_id, error_code
   FROM (VALUES ('succeeded', '{"a": [1.5, "x"], "b": 1}'::jsonb), ('failed', '{"n": 2}'),

@@ -24,12 +24,16 @@
 #include "catalog/indexing.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
+#include "commands/defrem.h"
 #include "commands/trigger.h"
+#include "nodes/nodeFuncs.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -71,6 +75,8 @@ static Oid	created_type(const IdemCatalog *fresh, const char *column);
 static bool records_as_created(const IdemCatalog *fresh);
 static bool check_as_created(Relation rel, const ConstrCheck *check);
 static bool index_as_created(Oid index_oid);
+static bool default_operator_classes(HeapTuple index_tuple);
+static bool predicate_may_fail(Node *node, void *context);
 static bool name_in(const char *name, const char *const *names);
 
 /*
@@ -462,41 +468,133 @@ check_as_created(Relation rel, const ConstrCheck *check)
 }
 
 /*
- * Whether an index is one of the scripts': by its name, whether it is
- * unique (the primary key on id alone, the scope's, which
- * scope_index_columns checks) and without expressions or exclusion.  An
- * index the owner replaced under one of these names that could refuse a
- * row is the owner's.
+ * Whether an index is one of the scripts', as far as a row written at
+ * commit is concerned: by its name, a btree on the scripts' column with
+ * its type's default operator class, without expressions, INCLUDE columns
+ * or exclusion, unique only for the primary key on id and the scope's
+ * (which scope_index_columns checks), and with no predicate but one that
+ * cannot fail on a row.  An index the owner replaced under one of these
+ * names that could refuse a row, or raise on one, is the owner's.
  */
 static bool
 index_as_created(Oid index_oid)
 {
-	static const char *const indexes[] = {
-		"idem_records_pkey", "idem_records_scope_key", "idem_records_lease",
-		"idem_records_expiry", "idem_records_unpurged", NULL
+	static const char *const indexes[][2] = {
+		{"idem_records_pkey", "id"}, {IDEM_SCOPE_INDEX, NULL},
+		{"idem_records_lease", "locked_until"},
+		{"idem_records_expiry", "expires_at"},
+		{"idem_records_unpurged", "expires_at"}
 	};
-	char	   *name = get_rel_name(index_oid);
+	HeapTuple	class_tuple;
 	HeapTuple	tuple;
 	Form_pg_index index;
+	const char *column = NULL;
+	int			which = -1;
 	bool		as_created;
+	int			i;
 
-	if (name == NULL || !name_in(name, indexes))
+	class_tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(index_oid));
+	if (!HeapTupleIsValid(class_tuple))
 		return false;
+	for (i = 0; i < lengthof(indexes); i++)
+		if (strcmp(NameStr(((Form_pg_class) GETSTRUCT(class_tuple))->relname),
+				   indexes[i][0]) == 0)
+			which = i;
+	as_created = which >= 0 &&
+		((Form_pg_class) GETSTRUCT(class_tuple))->relam == BTREE_AM_OID;
+	ReleaseSysCache(class_tuple);
+	if (!as_created)
+		return false;
+	column = indexes[which][1];
+
 	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(index_oid));
 	if (!HeapTupleIsValid(tuple))
 		return false;
 	index = (Form_pg_index) GETSTRUCT(tuple);
 	as_created = !index->indisexclusion &&
-		heap_attisnull(tuple, Anum_pg_index_indexprs, NULL);
-	if (strcmp(name, "idem_records_pkey") == 0)
-		as_created = as_created && index->indisprimary &&
-			index->indnkeyatts == 1 &&
-			heap_attisnull(tuple, Anum_pg_index_indpred, NULL) &&
-			index->indkey.values[0] == get_attnum(index->indrelid, "id");
-	else if (strcmp(name, IDEM_SCOPE_INDEX) != 0)
-		as_created = as_created && !index->indisunique;
+		index->indnatts == index->indnkeyatts &&
+		heap_attisnull(tuple, Anum_pg_index_indexprs, NULL) &&
+		default_operator_classes(tuple);
+	if (column == NULL)
+		as_created = as_created && index->indisunique;
+	else
+		as_created = as_created && index->indnkeyatts == 1 &&
+			index->indkey.values[0] == get_attnum(index->indrelid, column) &&
+			index->indisunique == (strcmp(column, "id") == 0) &&
+			index->indisprimary == (strcmp(column, "id") == 0);
+	if (as_created && !heap_attisnull(tuple, Anum_pg_index_indpred, NULL))
+	{
+		bool		isnull;
+		Datum		pred = SysCacheGetAttr(INDEXRELID, tuple,
+										   Anum_pg_index_indpred, &isnull);
+
+		as_created = column != NULL && strcmp(column, "id") != 0 &&
+			!predicate_may_fail(stringToNode(TextDatumGetCString(pred)), NULL);
+	}
 	ReleaseSysCache(tuple);
 	return as_created;
+}
+
+/*
+ * Whether each key column of an index uses its type's default btree
+ * operator class: another class's comparison could raise on a row.
+ */
+static bool
+default_operator_classes(HeapTuple index_tuple)
+{
+	Form_pg_index index = (Form_pg_index) GETSTRUCT(index_tuple);
+	oidvector  *classes;
+	bool		isnull;
+	int			i;
+
+	classes = (oidvector *) DatumGetPointer(SysCacheGetAttr(INDEXRELID, index_tuple,
+															Anum_pg_index_indclass,
+															&isnull));
+	if (isnull)
+		return false;
+	for (i = 0; i < index->indnkeyatts; i++)
+	{
+		Oid			type = get_atttype(index->indrelid, index->indkey.values[i]);
+
+		if (classes->values[i] != GetDefaultOpClass(type, BTREE_AM_OID))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Whether an index predicate could raise an error on some row.  The
+ * scripts' predicates compare the state with labels of its enum and test
+ * columns for NULL, which cannot fail; anything else might.
+ */
+static bool
+predicate_may_fail(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	switch (nodeTag(node))
+	{
+		case T_Var:
+		case T_Const:
+		case T_ArrayExpr:
+		case T_BoolExpr:
+		case T_NullTest:
+		case T_List:
+			break;
+		case T_OpExpr:
+			set_opfuncid((OpExpr *) node);
+			if (((OpExpr *) node)->opfuncid != F_ENUM_EQ)
+				return true;
+			break;
+		case T_ScalarArrayOpExpr:
+			set_sa_opfuncid((ScalarArrayOpExpr *) node);
+			if (((ScalarArrayOpExpr *) node)->opfuncid != F_ENUM_EQ)
+				return true;
+			break;
+		default:
+			return true;
+	}
+	return expression_tree_walker(node, predicate_may_fail, context);
 }
 
 static bool

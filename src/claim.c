@@ -654,7 +654,7 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 				took_token = idem_max_new_keys_per_second > 0 && !req->inbox;
 				memset(&rec, 0, sizeof(rec));
 				/* an error on the way gives the lock back with the abort */
-				if (req->may_stay_pending && idem_pending_possible())
+				if (req->may_stay_pending && idem_pending_possible(&req->scope))
 				{
 					/* written at its completion, or at commit, holding the lock */
 					wrote = idem_record_claim_unwritten(&req->scope, &rec.id,

@@ -31,9 +31,12 @@
  *
  * A claim stays pending only inside a transaction block (outside one it
  * commits at once anyway), only one at a time per transaction (the next
- * claim writes at once), and only while idem_records has no trigger but the
+ * claim writes at once), only while idem_records has no trigger but the
  * extension's guard: a trigger or a foreign key of the owner's may look
- * for the row, and at commit deferred triggers have already fired.
+ * for the row, and at commit deferred triggers have already fired; and
+ * only while nothing in the table could refuse the row at commit that
+ * would have refused it at the claim (catalog.c, records_as_created, and
+ * scope_entry_fits below).
  *
  * Savepoints.  The pending claim belongs to the subtransaction that made
  * it, and to its parent once that is released, as does the key lock; when
@@ -49,6 +52,8 @@
  */
 #include "postgres.h"
 
+#include "access/itup.h"
+#include "access/nbtree.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "commands/trigger.h"
@@ -83,6 +88,7 @@ static MemoryContext pending_context = NULL;
 static bool lock_kept = false;
 static bool callbacks_registered = false;
 
+static bool scope_entry_fits(const IdemScope *scope);
 static bool records_only_guarded(void);
 static void write_pending(const IdemResponse *response, TimestampTz now);
 static void write_before_commit(void);
@@ -96,13 +102,45 @@ static void pending_subxact_callback(SubXactEvent event,
 									 SubTransactionId parentSubid, void *arg);
 
 /*
- * Whether a claim of a new key may be kept pending instead of written now.
+ * The largest entry a btree index takes on a page of BLCKSZ bytes, as
+ * nbtree computes it (BTMaxItemSize).
+ */
+#define SCOPE_ENTRY_MAX \
+	(MAXALIGN_DOWN((BLCKSZ - \
+					MAXALIGN(SizeOfPageHeaderData + 3 * sizeof(ItemIdData)) - \
+					MAXALIGN(sizeof(BTPageOpaqueData))) / 3) - \
+	 MAXALIGN(sizeof(ItemPointerData)))
+
+/*
+ * Whether a claim of a new key of this scope may be kept pending instead
+ * of written now.
  */
 bool
-idem_pending_possible(void)
+idem_pending_possible(const IdemScope *scope)
 {
 	return !pending.active && !lock_kept && IsTransactionBlock() &&
-		idem_catalog()->records_as_created;
+		idem_catalog()->records_as_created && scope_entry_fits(scope);
+}
+
+/*
+ * Whether the scope's entry in the unique index fits for sure, counted
+ * uncompressed with four-byte headers.  A longer one (with
+ * idempotency.max_key_length raised) may not fit: its record is written
+ * at the claim, so that the claim fails, not the commit after the claim
+ * answered proceed.
+ */
+static bool
+scope_entry_fits(const IdemScope *scope)
+{
+	const text *const parts[] = {
+		scope->key, scope->operation, scope->caller, scope->tenant, scope->role
+	};
+	Size		size = MAXALIGN(sizeof(IndexTupleData));
+	int			i;
+
+	for (i = 0; i < lengthof(parts); i++)
+		size = INTALIGN(size) + VARHDRSZ + VARSIZE_ANY_EXHDR(parts[i]);
+	return MAXALIGN(size) <= SCOPE_ENTRY_MAX;
 }
 
 /*
