@@ -266,6 +266,34 @@ SELECT outcome FROM idem_claim('pc.op',
 COMMIT;
 RESET idempotency.max_key_length;
 
+-- idem_records attached as a partition: its partition constraint refuses
+-- the row at the claim, not at the commit.
+BEGIN;
+CREATE TABLE pc_parent (LIKE idem_records) PARTITION BY LIST (operation);
+CREATE TABLE pc_other PARTITION OF pc_parent FOR VALUES IN ('pc.other');
+ALTER TABLE pc_parent ATTACH PARTITION idem_records DEFAULT;
+SELECT outcome FROM idem_claim('pc.other', 'pc-17q', '{"n": 17}');
+ROLLBACK;
+
+-- A function of another schema that shadows a built-in called by a CHECK
+-- of the extension's: the constraint counts as replaced whatever the
+-- session's search_path, so the claim fails, not the commit.
+CREATE SCHEMA pc_shadow;
+CREATE FUNCTION pc_shadow.octet_length(bytea) RETURNS int
+  LANGUAGE sql IMMUTABLE AS 'SELECT 31';
+SET search_path = pc_shadow, pg_catalog, public;
+ALTER TABLE idem_records DROP CONSTRAINT idem_records_fingerprint_length;
+ALTER TABLE idem_records ADD CONSTRAINT idem_records_fingerprint_length
+  CHECK (octet_length(fingerprint) = 32) NOT VALID;
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-17s', '{"n": 17}');
+COMMIT;
+RESET search_path;
+ALTER TABLE idem_records DROP CONSTRAINT idem_records_fingerprint_length;
+ALTER TABLE idem_records ADD CONSTRAINT idem_records_fingerprint_length
+  CHECK (octet_length(fingerprint) = 32);
+DROP SCHEMA pc_shadow CASCADE;
+
 -- A trigger added to idem_records after a claim in the same transaction:
 -- the claim cannot be written at commit any more, so the commit fails and
 -- nothing of the transaction stays.

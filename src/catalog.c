@@ -9,7 +9,8 @@
  * when the records table is invalidated, which covers DROP EXTENSION and a
  * later CREATE EXTENSION (possibly in another schema) and ALTER TABLE ...
  * RENAME; a syscache callback on pg_namespace does the same when the
- * extension's schema is renamed.  The next caller then looks them up again.
+ * extension's schema is renamed, and one on pg_type and pg_enum when its
+ * enum types or their labels are.  The next caller then looks them up again.
  * Callers that cache plans compare the generation number to learn that the
  * table is a new one or has a new qualified name.
  *
@@ -36,6 +37,7 @@
 #include "nodes/nodeFuncs.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -62,8 +64,10 @@ static bool callbacks_registered = false;
  */
 static uint64 invalidation_count = 0;
 
-/* NAMESPACEOID hash of the schema the lookups found */
+/* NAMESPACEOID hash of the schema the lookups found, TYPEOID of its types */
 static uint32 schema_hash = 0;
+static uint32 state_type_hash = 0;
+static uint32 policy_type_hash = 0;
 
 static void look_up(IdemCatalog *fresh);
 static void invalidate_catalog(Datum arg, Oid relid);
@@ -78,6 +82,8 @@ static bool index_as_created(Oid index_oid);
 static bool default_operator_classes(HeapTuple index_tuple);
 static bool predicate_may_fail(Node *node, void *context);
 static bool name_in(const char *name, const char *const *names);
+static void unknown_label(const char *type, Oid value) pg_attribute_noreturn();
+static void invalidate_catalog_types(Datum arg, int cacheid, uint32 hashvalue);
 
 /*
  * The extension's catalog objects, looked up if needed.  Raises an error
@@ -98,6 +104,11 @@ idem_catalog(void)
 		CacheRegisterRelcacheCallback(invalidate_catalog, (Datum) 0);
 		/* ALTER SCHEMA ... RENAME changes the table's qualified name */
 		CacheRegisterSyscacheCallback(NAMESPACEOID, invalidate_catalog_schema,
+									  (Datum) 0);
+		/* ALTER TYPE ... RENAME, RENAME VALUE and ADD VALUE */
+		CacheRegisterSyscacheCallback(TYPEOID, invalidate_catalog_types,
+									  (Datum) 0);
+		CacheRegisterSyscacheCallback(ENUMOID, invalidate_catalog_types,
 									  (Datum) 0);
 		callbacks_registered = true;
 	}
@@ -121,6 +132,10 @@ idem_catalog(void)
 		pfree((void *) old_name);
 	schema_hash = GetSysCacheHashValue1(NAMESPACEOID,
 										ObjectIdGetDatum(catalog.schema_oid));
+	state_type_hash = GetSysCacheHashValue1(TYPEOID,
+											ObjectIdGetDatum(catalog.state_type));
+	policy_type_hash = GetSysCacheHashValue1(TYPEOID,
+											 ObjectIdGetDatum(catalog.policy_type));
 	catalog_valid = invalidation_count == invalidations;
 	return &catalog;
 }
@@ -184,6 +199,15 @@ look_up(IdemCatalog *fresh)
 	fresh->policy_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
 										 CStringGetDatum("idem_lease_policy"),
 										 ObjectIdGetDatum(nsp));
+	if (!OidIsValid(fresh->state_type) || !OidIsValid(fresh->policy_type))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("type \"%s\" of extension \"%s\" does not exist",
+						OidIsValid(fresh->state_type) ? "idem_lease_policy" : "idem_state",
+						IDEM_EXTENSION_NAME),
+				 errdetail("The extension looks for it in schema \"%s\", under that name.",
+						   nspname),
+				 errhint("If it was renamed, rename it back.")));
 	for (i = 0; i < IDEM_NUM_STATES; i++)
 		fresh->state_oids[i] = enum_label_oid(fresh->state_type,
 											  idem_state_name((IdemState) i));
@@ -219,6 +243,7 @@ scope_index_columns(IdemCatalog *fresh)
 	bool		isnull;
 	bool		seen[IDEM_SCOPE_PARTS] = {false};
 	bool		fits;
+	bool		usable;
 	int			i;
 
 	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(fresh->scope_index_oid));
@@ -251,7 +276,16 @@ scope_index_columns(IdemCatalog *fresh)
 				break;
 			}
 	}
+	usable = index->indisvalid && index->indisready && index->indislive;
 	ReleaseSysCache(tuple);
+	if (fits && !usable)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"%s\" of extension \"%s\" is not valid",
+						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
+				 errdetail("A claim cannot find every record of a key through an index that is still being built or whose build failed."),
+				 errhint("Wait for CREATE INDEX CONCURRENTLY to finish, or rebuild it with REINDEX INDEX %s.",
+						 IDEM_SCOPE_INDEX)));
 	if (!fits)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -394,7 +428,9 @@ records_as_created(const IdemCatalog *fresh)
 	bool		as_created;
 	int			i;
 
+	/* a partition's constraint is checked on the row, at the commit */
 	as_created = OidIsValid(fresh->id_sequence) &&
+		!rel->rd_rel->relispartition &&
 		triggers != NULL && triggers->numtriggers == 1 &&
 		triggers->triggers[0].tgfoid == fresh->guard_function;
 	for (i = 0; as_created && i < tupdesc->natts; i++)
@@ -414,9 +450,21 @@ records_as_created(const IdemCatalog *fresh)
 			att->attgenerated == '\0' &&
 			(att->attidentity != '\0') == (strcmp(name, "id") == 0);
 	}
-	for (i = 0; as_created && tupdesc->constr != NULL &&
-		 i < tupdesc->constr->num_check; i++)
-		as_created = check_as_created(rel, &tupdesc->constr->check[i]);
+	if (as_created && tupdesc->constr != NULL && tupdesc->constr->num_check > 0)
+	{
+		/*
+		 * Deparsed with only pg_catalog on the search path, so that a
+		 * function of the session's path that shadows a built-in shows
+		 * qualified, whatever the calling session's path.
+		 */
+		int			save_nestlevel = NewGUCNestLevel();
+
+		(void) set_config_option("search_path", "pg_catalog", PGC_USERSET,
+								 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+		for (i = 0; as_created && i < tupdesc->constr->num_check; i++)
+			as_created = check_as_created(rel, &tupdesc->constr->check[i]);
+		AtEOXact_GUC(true, save_nestlevel);
+	}
 	index_oids = as_created ? RelationGetIndexList(rel) : NIL;
 	foreach(lc, index_oids)
 	{
@@ -431,8 +479,9 @@ records_as_created(const IdemCatalog *fresh)
 /*
  * Whether a CHECK constraint is one of the scripts', by its name and its
  * expression (a constraint the owner replaced under the same name is the
- * owner's).  The expression is compared as PostgreSQL shows it: where that
- * differs (another major version, a function shadowing a built-in), the
+ * owner's).  The expression is compared as PostgreSQL shows it with only
+ * pg_catalog on the search path: where that differs (another major
+ * version, a function of another schema shadowing a built-in), the
  * constraint counts as the owner's, which only turns writing once off.
  */
 static bool
@@ -617,8 +666,7 @@ idem_state_from_oid(const IdemCatalog *cat, Oid value)
 	for (i = 0; i < IDEM_NUM_STATES; i++)
 		if (cat->state_oids[i] == value)
 			return (IdemState) i;
-	elog(ERROR, "unrecognized idem_state value %u", value);
-	pg_unreachable();
+	unknown_label("idem_state", value);
 }
 
 /*
@@ -632,18 +680,34 @@ idem_policy_from_oid(const IdemCatalog *cat, Oid value)
 	for (i = 0; i < IDEM_NUM_POLICIES; i++)
 		if (cat->policy_oids[i] == value)
 			return (IdemLeasePolicy) i;
-	elog(ERROR, "unrecognized idem_lease_policy value %u", value);
-	pg_unreachable();
+	unknown_label("idem_lease_policy", value);
 }
 
 /*
- * Relcache callback: forget the lookups when the records table (or every
- * relation) is invalidated.
+ * A record holds a label of the extension's enum type that the extension
+ * does not know: one renamed, or added, after the record was written.
+ */
+static void
+unknown_label(const char *type, Oid value)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("a record of extension \"%s\" holds a label of type \"%s\" the extension does not know",
+					IDEM_EXTENSION_NAME, type),
+			 errdetail("The label's OID is %u.", value),
+			 errhint("Labels of the extension's types must keep their names; rename them back.")));
+}
+
+/*
+ * Relcache callback: forget the lookups when the records table, its scope
+ * index (whose pg_index row says whether it is valid) or every relation is
+ * invalidated.
  */
 static void
 invalidate_catalog(Datum arg pg_attribute_unused(), Oid relid)
 {
-	if (!OidIsValid(relid) || relid == catalog.table_oid || !catalog_valid)
+	if (!OidIsValid(relid) || relid == catalog.table_oid ||
+		relid == catalog.scope_index_oid || !catalog_valid)
 	{
 		catalog_valid = false;
 		invalidation_count++;
@@ -666,6 +730,24 @@ invalidate_catalog_schema(Datum arg pg_attribute_unused(),
 }
 
 /*
+ * Syscache callback on pg_type and pg_enum: forget the lookups when one of
+ * the extension's enum types, or any enum label, changed.  Labels change
+ * rarely; types are created with every table, so only the extension's own
+ * two count.
+ */
+static void
+invalidate_catalog_types(Datum arg pg_attribute_unused(), int cacheid,
+						 uint32 hashvalue)
+{
+	if (hashvalue == 0 || !catalog_valid || cacheid == ENUMOID ||
+		hashvalue == state_type_hash || hashvalue == policy_type_hash)
+	{
+		catalog_valid = false;
+		invalidation_count++;
+	}
+}
+
+/*
  * OID of one label of an enum type of the extension.
  */
 static Oid
@@ -676,7 +758,11 @@ enum_label_oid(Oid type, const char *label)
 	value = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
 							ObjectIdGetDatum(type), CStringGetDatum(label));
 	if (!OidIsValid(value))
-		elog(ERROR, "label \"%s\" of enum type %u not found", label, type);
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("type \"%s\" of extension \"%s\" has no label \"%s\"",
+						format_type_be(type), IDEM_EXTENSION_NAME, label),
+				 errhint("If the label was renamed, rename it back.")));
 	return value;
 }
 
