@@ -21,6 +21,7 @@
 #include "utils/guc.h"
 
 #include "idempotency.h"
+#include "pending_claim.h"
 #include "rate_limit.h"
 #include "response_seal.h"
 #include "stat_operations.h"
@@ -67,6 +68,8 @@ _PG_init(void)
 {
 	idem_preloaded = process_shared_preload_libraries_in_progress;
 	define_settings();
+	/* per backend: also when loaded by the first call */
+	idem_pending_install_hooks();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;

@@ -294,9 +294,18 @@ ALTER TABLE idem_records ADD CONSTRAINT idem_records_fingerprint_length
   CHECK (octet_length(fingerprint) = 32);
 DROP SCHEMA pc_shadow CASCADE;
 
+-- A constraint added to idem_records after a claim in the same transaction
+-- checks the claim's row, as when every claim wrote at once: the ALTER
+-- TABLE fails, not the COMMIT.
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-17x', '{"n": 17}');
+ALTER TABLE idem_records ADD CONSTRAINT pc_no_17x CHECK (key <> 'pc-17x');
+COMMIT;
+SELECT count(*) AS records FROM idem_records WHERE key = 'pc-17x';
+
 -- A trigger added to idem_records after a claim in the same transaction:
--- the claim cannot be written at commit any more, so the commit fails and
--- nothing of the transaction stays.
+-- the claim's record is written before the trigger is created (as before
+-- any DDL statement of its transaction), so the commit keeps both.
 CREATE FUNCTION pc_trigger() RETURNS trigger LANGUAGE plpgsql AS
   $$ BEGIN RETURN NEW; END $$;
 BEGIN;
@@ -304,14 +313,16 @@ SELECT * FROM pg_temp.counts() \gset
 SELECT outcome FROM idem_claim('pc.op', 'pc-18', '{"n": 18}');
 CREATE TRIGGER pc_trigger BEFORE INSERT ON idem_records
   FOR EACH ROW EXECUTE FUNCTION pc_trigger();
+SELECT * FROM pg_temp.writes(:ins, :upd);
 COMMIT;
-SELECT count(*) AS records FROM idem_records WHERE key = 'pc-18';
+SELECT * FROM pg_temp.record('pc-18');
 SELECT count(*) AS triggers FROM pg_trigger WHERE tgname = 'pc_trigger';
+DROP TRIGGER pc_trigger ON idem_records;
 -- Completed after the trigger came: written processing, then updated, as
 -- on any table the owner changed.
 BEGIN;
 SELECT * FROM pg_temp.counts() \gset
-SELECT token FROM idem_claim('pc.op', 'pc-18', '{"n": 18}') \gset
+SELECT token FROM idem_claim('pc.op', 'pc-18b', '{"n": 18}') \gset
 CREATE TRIGGER pc_trigger BEFORE INSERT ON idem_records
   FOR EACH ROW EXECUTE FUNCTION pc_trigger();
 SELECT idem_complete(:'token', 201, '{"id": 18}');

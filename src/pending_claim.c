@@ -25,9 +25,11 @@
  * for the transaction as before.  Within the transaction, every function
  * of the extension writes the pending record before it reads or writes
  * any record (idem_pending_write), so it sees the claim as it always did.
- * Only a plain SELECT of idem_records in the claiming transaction, which
- * only the table's owner can run, does not see the record until the
- * completion or the commit.
+ * A DDL statement in the transaction writes it first too, so that a
+ * constraint, index or trigger added then sees the row as before.  Only a
+ * plain SELECT of idem_records in the claiming transaction, which only the
+ * table's owner can run, does not see the record until the completion or
+ * the commit.
  *
  * A claim stays pending only inside a transaction block (outside one it
  * commits at once anyway), only one at a time per transaction (the next
@@ -57,6 +59,7 @@
 #include "access/table.h"
 #include "access/xact.h"
 #include "commands/trigger.h"
+#include "tcop/utility.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/rel.h"
@@ -87,11 +90,19 @@ static MemoryContext pending_context = NULL;
 /* the key lock of an earlier pending claim is held until the end */
 static bool lock_kept = false;
 static bool callbacks_registered = false;
+static ProcessUtility_hook_type prev_process_utility = NULL;
 
 static bool scope_entry_fits(const IdemScope *scope);
 static bool records_only_guarded(void);
 static void write_pending(const IdemResponse *response, TimestampTz now);
 static void write_before_commit(void);
+static void write_pending_processing(void);
+static void pending_process_utility(PlannedStmt *pstmt, const char *queryString,
+									bool readOnlyTree,
+									ProcessUtilityContext context,
+									ParamListInfo params,
+									QueryEnvironment *queryEnv,
+									DestReceiver *dest, QueryCompletion *qc);
 static void rehome_key_lock(const LOCKTAG *lock);
 static void forget(void);
 static text *copy_text(const text *t);
@@ -281,8 +292,7 @@ write_pending(const IdemResponse *response, TimestampTz now)
 static void
 write_before_commit(void)
 {
-	bool		snapshot_pushed = false;
-
+	/* DDL writes the record first (pending_process_utility): a safeguard */
 	if (!records_only_guarded())
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -290,6 +300,19 @@ write_before_commit(void)
 				 errdetail("The claim of record " INT64_FORMAT " was made before the trigger existed.",
 						   pending.id),
 				 errhint("Complete the claim, or read idem_records through the extension's functions, before changing the table in the same transaction.")));
+	write_pending_processing();
+}
+
+/*
+ * Write the pending claim's record, processing, outside any function of the
+ * extension (before the commit, before a DDL statement), under a snapshot
+ * of its own if there is none.
+ */
+static void
+write_pending_processing(void)
+{
+	bool		snapshot_pushed = false;
+
 	if (!ActiveSnapshotSet())
 	{
 		PushActiveSnapshot(GetTransactionSnapshot());
@@ -298,6 +321,41 @@ write_before_commit(void)
 	write_pending(NULL, 0);
 	if (snapshot_pushed)
 		PopActiveSnapshot();
+}
+
+/*
+ * Install the hook that writes a pending claim's record before any DDL
+ * statement of its transaction.
+ */
+void
+idem_pending_install_hooks(void)
+{
+	prev_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = pending_process_utility;
+}
+
+/*
+ * ProcessUtility_hook: a DDL statement in the transaction of a pending
+ * claim (a constraint, column, index or trigger added to idem_records, say)
+ * runs after the claim's record is written, as it did when every claim
+ * wrote at once: it checks or sees that row now, instead of the row failing
+ * at the commit after the claim answered proceed.
+ */
+static void
+pending_process_utility(PlannedStmt *pstmt, const char *queryString,
+						bool readOnlyTree, ProcessUtilityContext context,
+						ParamListInfo params, QueryEnvironment *queryEnv,
+						DestReceiver *dest, QueryCompletion *qc)
+{
+	if (pending.active && !pending.written &&
+		GetCommandLogLevel(pstmt->utilityStmt) == LOGSTMT_DDL)
+		write_pending_processing();
+	if (prev_process_utility)
+		prev_process_utility(pstmt, queryString, readOnlyTree, context,
+							 params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
 }
 
 /*
