@@ -330,6 +330,35 @@ SELECT * FROM pg_temp.writes(:ins, :upd);
 ROLLBACK;
 DROP FUNCTION pc_trigger();
 
+-- A claim made inside a DDL statement (here by an event trigger at its
+-- start) is written at once: the statement that follows it in the same
+-- command, adding a constraint the row breaks, fails, not the COMMIT.
+CREATE FUNCTION pc_claim_at_ddl() RETURNS event_trigger LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM idem_claim('pc.op', 'pc-19', '{"n": 19}'); END $$;
+CREATE EVENT TRIGGER pc_claim_at_ddl ON ddl_command_start
+  WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION pc_claim_at_ddl();
+BEGIN;
+ALTER TABLE idem_records ADD CONSTRAINT pc_no_19 CHECK (key <> 'pc-19');
+COMMIT;
+DROP EVENT TRIGGER pc_claim_at_ddl;
+DROP FUNCTION pc_claim_at_ddl();
+SELECT count(*) AS records FROM idem_records WHERE key = 'pc-19';
+SELECT count(*) AS constraints FROM pg_constraint WHERE conname = 'pc_no_19';
+-- After that failed DDL statement, a claim is kept pending again.
+BEGIN;
+SELECT * FROM pg_temp.counts() \gset
+SELECT outcome FROM idem_claim('pc.op', 'pc-19b', '{"n": 19}');
+SELECT * FROM pg_temp.writes(:ins, :upd);
+ROLLBACK;
+
+-- The record written before a DDL statement is visible to that statement's
+-- own query.
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-20', '{"n": 20}');
+CREATE TEMP TABLE pc_copy AS SELECT key FROM idem_records WHERE key = 'pc-20';
+SELECT key FROM pc_copy;
+ROLLBACK;
+
 -- A raw INSERT of a finished record is still refused by the guard.
 INSERT INTO idem_records (role, tenant, caller, operation, key, fingerprint, state,
                           attempt, on_lease_expiry, ttl, created_at, claimed_at,

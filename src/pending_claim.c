@@ -33,7 +33,7 @@
  *
  * A claim stays pending only inside a transaction block (outside one it
  * commits at once anyway), only one at a time per transaction (the next
- * claim writes at once), only while idem_records has no trigger but the
+ * claim writes at once), only outside a DDL statement, only while idem_records has no trigger but the
  * extension's guard: a trigger or a foreign key of the owner's may look
  * for the row, and at commit deferred triggers have already fired; and
  * only while nothing in the table could refuse the row at commit that
@@ -92,6 +92,9 @@ static bool lock_kept = false;
 static bool callbacks_registered = false;
 static ProcessUtility_hook_type prev_process_utility = NULL;
 
+/* DDL statements running in this backend (nested in event triggers, say) */
+static int	ddl_depth = 0;
+
 static bool scope_entry_fits(const IdemScope *scope);
 static bool records_only_guarded(void);
 static void write_pending(const IdemResponse *response, TimestampTz now);
@@ -129,7 +132,8 @@ static void pending_subxact_callback(SubXactEvent event,
 bool
 idem_pending_possible(const IdemScope *scope)
 {
-	return !pending.active && !lock_kept && IsTransactionBlock() &&
+	return !pending.active && !lock_kept && ddl_depth == 0 &&
+		IsTransactionBlock() &&
 		idem_catalog()->records_as_created && scope_entry_fits(scope);
 }
 
@@ -339,7 +343,13 @@ idem_pending_install_hooks(void)
  * claim (a constraint, column, index or trigger added to idem_records, say)
  * runs after the claim's record is written, as it did when every claim
  * wrote at once: it checks or sees that row now, instead of the row failing
- * at the commit after the claim answered proceed.
+ * at the commit after the claim answered proceed.  The command counter is
+ * advanced so that the statement's own query (CREATE TABLE AS) sees it.
+ *
+ * A claim made while a DDL statement runs (from an event trigger, or a
+ * function the statement calls) is written at once for the same reason:
+ * the rest of that statement may change the table.  The count of running
+ * DDL statements is restored however the statement ends.
  */
 static void
 pending_process_utility(PlannedStmt *pstmt, const char *queryString,
@@ -347,15 +357,31 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc)
 {
-	if (pending.active && !pending.written &&
-		GetCommandLogLevel(pstmt->utilityStmt) == LOGSTMT_DDL)
-		write_pending_processing();
-	if (prev_process_utility)
-		prev_process_utility(pstmt, queryString, readOnlyTree, context,
-							 params, queryEnv, dest, qc);
-	else
-		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-								params, queryEnv, dest, qc);
+	int			saved_depth = ddl_depth;
+
+	if (GetCommandLogLevel(pstmt->utilityStmt) == LOGSTMT_DDL)
+	{
+		if (pending.active && !pending.written)
+		{
+			write_pending_processing();
+			CommandCounterIncrement();
+		}
+		ddl_depth++;
+	}
+	PG_TRY();
+	{
+		if (prev_process_utility)
+			prev_process_utility(pstmt, queryString, readOnlyTree, context,
+								 params, queryEnv, dest, qc);
+		else
+			standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+									params, queryEnv, dest, qc);
+	}
+	PG_FINALLY();
+	{
+		ddl_depth = saved_depth;
+	}
+	PG_END_TRY();
 }
 
 /*
