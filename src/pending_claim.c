@@ -106,6 +106,10 @@ static void pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 									ParamListInfo params,
 									QueryEnvironment *queryEnv,
 									DestReceiver *dest, QueryCompletion *qc);
+static void run_utility(PlannedStmt *pstmt, const char *queryString,
+						bool readOnlyTree, ProcessUtilityContext context,
+						ParamListInfo params, QueryEnvironment *queryEnv,
+						DestReceiver *dest, QueryCompletion *qc);
 static void rehome_key_lock(const LOCKTAG *lock);
 static void forget(void);
 static text *copy_text(const text *t);
@@ -359,29 +363,44 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 {
 	int			saved_depth = ddl_depth;
 
-	if (GetCommandLogLevel(pstmt->utilityStmt) == LOGSTMT_DDL)
+	if (GetCommandLogLevel(pstmt->utilityStmt) != LOGSTMT_DDL)
 	{
-		if (pending.active && !pending.written)
-		{
-			write_pending_processing();
-			CommandCounterIncrement();
-		}
-		ddl_depth++;
+		run_utility(pstmt, queryString, readOnlyTree, context, params,
+					queryEnv, dest, qc);
+		return;
 	}
+
+	if (pending.active && !pending.written)
+	{
+		write_pending_processing();
+		CommandCounterIncrement();
+	}
+	ddl_depth++;
 	PG_TRY();
 	{
-		if (prev_process_utility)
-			prev_process_utility(pstmt, queryString, readOnlyTree, context,
-								 params, queryEnv, dest, qc);
-		else
-			standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-									params, queryEnv, dest, qc);
+		run_utility(pstmt, queryString, readOnlyTree, context, params,
+					queryEnv, dest, qc);
 	}
 	PG_FINALLY();
 	{
 		ddl_depth = saved_depth;
 	}
 	PG_END_TRY();
+}
+
+/* Run the utility statement: through the next hook, or PostgreSQL itself. */
+static void
+run_utility(PlannedStmt *pstmt, const char *queryString,
+			bool readOnlyTree, ProcessUtilityContext context,
+			ParamListInfo params, QueryEnvironment *queryEnv,
+			DestReceiver *dest, QueryCompletion *qc)
+{
+	if (prev_process_utility)
+		prev_process_utility(pstmt, queryString, readOnlyTree, context,
+							 params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
 }
 
 /*
