@@ -358,6 +358,25 @@ SELECT outcome FROM idem_claim('pc.op', 'pc-20', '{"n": 20}');
 CREATE TEMP TABLE pc_copy AS SELECT key FROM idem_records WHERE key = 'pc-20';
 SELECT key FROM pc_copy;
 ROLLBACK;
+-- So are the statement's other reads: a prepared query, an expression.
+CREATE FUNCTION pc_records(text) RETURNS int LANGUAGE sql STABLE AS
+  $$ SELECT count(*)::int FROM idem_records WHERE key = $1 $$;
+PREPARE pc_read AS SELECT key FROM idem_records WHERE key = 'pc-20e';
+CREATE TABLE pc_table (a int);
+INSERT INTO pc_table VALUES (1);
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-20e', '{"n": 20}');
+CREATE TEMP TABLE pc_copy AS EXECUTE pc_read;
+SELECT key FROM pc_copy;
+ROLLBACK;
+BEGIN;
+SELECT outcome FROM idem_claim('pc.op', 'pc-20d', '{"n": 20}');
+ALTER TABLE pc_table ADD COLUMN records int DEFAULT pc_records('pc-20d');
+SELECT records FROM pc_table;
+ROLLBACK;
+DROP TABLE pc_table;
+DEALLOCATE pc_read;
+DROP FUNCTION pc_records(text);
 
 -- A raw INSERT of a finished record is still refused by the guard.
 INSERT INTO idem_records (role, tenant, caller, operation, key, fingerprint, state,

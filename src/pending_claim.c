@@ -59,6 +59,7 @@
 #include "access/table.h"
 #include "access/xact.h"
 #include "commands/trigger.h"
+#include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
@@ -94,6 +95,12 @@ static ProcessUtility_hook_type prev_process_utility = NULL;
 
 /* DDL statements running in this backend (nested in event triggers, say) */
 static int	ddl_depth = 0;
+
+/*
+ * The transaction in which the library was loaded, if it was loaded by a
+ * call: the hook did not see a DDL statement that was already running.
+ */
+static LocalTransactionId loaded_in_lxid = InvalidLocalTransactionId;
 
 static bool scope_entry_fits(const IdemScope *scope);
 static bool records_only_guarded(void);
@@ -137,7 +144,7 @@ bool
 idem_pending_possible(const IdemScope *scope)
 {
 	return !pending.active && !lock_kept && ddl_depth == 0 &&
-		IsTransactionBlock() &&
+		MyProc->lxid != loaded_in_lxid && IsTransactionBlock() &&
 		idem_catalog()->records_as_created && scope_entry_fits(scope);
 }
 
@@ -333,13 +340,17 @@ write_pending_processing(void)
 
 /*
  * Install the hook that writes a pending claim's record before any DDL
- * statement of its transaction.
+ * statement of its transaction.  Loaded by a call (not preloaded), the
+ * library may be loaded in the middle of a DDL statement, from an event
+ * trigger, say: no claim of that transaction is kept pending.
  */
 void
 idem_pending_install_hooks(void)
 {
 	prev_process_utility = ProcessUtility_hook;
 	ProcessUtility_hook = pending_process_utility;
+	if (IsTransactionState())
+		loaded_in_lxid = MyProc->lxid;
 }
 
 /*
@@ -347,8 +358,9 @@ idem_pending_install_hooks(void)
  * claim (a constraint, column, index or trigger added to idem_records, say)
  * runs after the claim's record is written, as it did when every claim
  * wrote at once: it checks or sees that row now, instead of the row failing
- * at the commit after the claim answered proceed.  The command counter is
- * advanced so that the statement's own query (CREATE TABLE AS) sees it.
+ * at the commit after the claim answered proceed.  The statement runs
+ * under a snapshot that sees the row too, so that its own reads (CREATE
+ * TABLE AS, a default or USING expression) find it as before.
  *
  * A claim made while a DDL statement runs (from an event trigger, or a
  * function the statement calls) is written at once for the same reason:
@@ -362,6 +374,7 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 						DestReceiver *dest, QueryCompletion *qc)
 {
 	int			saved_depth = ddl_depth;
+	bool		snapshot_pushed = false;
 
 	if (GetCommandLogLevel(pstmt->utilityStmt) != LOGSTMT_DDL)
 	{
@@ -374,12 +387,21 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 	{
 		write_pending_processing();
 		CommandCounterIncrement();
+		/* the statement's snapshot predates the row (an abort pops this) */
+		if (ActiveSnapshotSet())
+		{
+			PushCopiedSnapshot(GetActiveSnapshot());
+			UpdateActiveSnapshotCommandId();
+			snapshot_pushed = true;
+		}
 	}
 	ddl_depth++;
 	PG_TRY();
 	{
 		run_utility(pstmt, queryString, readOnlyTree, context, params,
 					queryEnv, dest, qc);
+		if (snapshot_pushed)
+			PopActiveSnapshot();
 	}
 	PG_FINALLY();
 	{

@@ -87,5 +87,49 @@ like(
 	qr/idempotency counters are not kept.*HINT:  Add idempotency to shared_preload_libraries/s,
 	'idem_stat_reset() says why');
 
+# A session loads the library at its first call, which may come in the
+# middle of a DDL statement (here from an event trigger at its start) that
+# the library's hooks did not see begin.  A claim of that transaction is
+# written at once, so the rest of the statement checks its row: the ALTER
+# TABLE fails, not the COMMIT after the claim answered proceed.
+$node->safe_psql('postgres', q{
+CREATE FUNCTION claim_at_ddl() RETURNS event_trigger LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM idem_claim('np.op', 'np-1', '{}'); END $$;
+CREATE EVENT TRIGGER claim_at_ddl ON ddl_command_start
+  WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION claim_at_ddl();
+});
+($ret, $stdout, $stderr) = $node->psql('postgres', q{
+BEGIN;
+ALTER TABLE idem_records ADD CONSTRAINT np_no_1 CHECK (key <> 'np-1');
+COMMIT;
+});
+like(
+	$stderr,
+	qr/check constraint "np_no_1" of relation "idem_records" is violated by some row/,
+	'a claim made in the DDL statement that loads the library is written at once');
+$node->safe_psql('postgres',
+	'DROP EVENT TRIGGER claim_at_ddl; DROP FUNCTION claim_at_ddl()');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT count(*) FROM pg_constraint WHERE conname = 'np_no_1'"),
+	'0',
+	'... and the constraint was not added');
+
+# In the session's next transactions a claim is kept pending again: its
+# record is inserted once, at the completion.
+is( $node->safe_psql(
+		'postgres', q{
+SELECT outcome FROM idem_claim('np.op', 'np-2', '{}');
+BEGIN;
+SELECT n_tup_ins AS before FROM pg_stat_xact_user_tables
+ WHERE relname = 'idem_records' \\gset
+SELECT outcome FROM idem_claim('np.op', 'np-3', '{}');
+SELECT n_tup_ins - :before FROM pg_stat_xact_user_tables
+ WHERE relname = 'idem_records';
+COMMIT;
+}),
+	"proceed\nproceed\n0",
+	'a later transaction of that session keeps its claim pending');
+
 $node->stop;
 done_testing();
