@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh: measure the extension side by side with its baselines.
 #
-#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters|instructions]
+#   bench/run.sh [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters|instructions|profile]
 #
 # One command, one throwaway cluster (scripts/lib.sh), a Markdown report
 # printed at the end.  The parts (bench/README.md says what each measures):
@@ -37,6 +37,11 @@
 #                protocol, and the backend's instruction count difference
 #                is divided by INSTR_TX.  Deterministic: the measure for a
 #                machine shared with other work.
+#   profile      where the time goes that instructions do not show: for
+#                PROFILE_VARIANTS, the pgbench backends' user and system CPU
+#                time and the other server processes' per transaction, and
+#                their wait events sampled every 20 ms (its own run; PROTOCOLS
+#                defaults to prepared there).
 #
 #   quick        all seven, small: a smoke test of a few minutes.
 #   full         all seven at full size (about 75 minutes on 2 cores).
@@ -56,6 +61,7 @@
 #   COUNTER_ROUNDS 7 / 2 (RUN_SECONDS each)
 #   INSTR_TX 1000 (instructions; KEYS defaults to 5000 there), INSTR_VARIANTS (the
 #   workloads/ scripts counted; default all ten of the tps part)
+#   PROFILE_VARIANTS "new_floor_hot new_ext" (profile; any of the workloads/ scripts)
 set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 . "$BENCH_DIR/../scripts/lib.sh"
@@ -71,7 +77,8 @@ case $MODE in
     full) PARTS="tps fingerprint cleanup size memory responses counters" ;;
     tps|fingerprint|cleanup|size|memory|responses|counters) PARTS=$MODE ;;
     instructions) PARTS=$MODE; : "${KEYS:=5000}" ;;
-    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters|instructions]" >&2; exit 2 ;;
+    profile) PARTS=$MODE; : "${PROTOCOLS:=prepared}" ;;
+    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters|instructions|profile]" >&2; exit 2 ;;
 esac
 CLIENTS=${CLIENTS:-4}
 KEYS=${KEYS:-100000}
@@ -93,6 +100,7 @@ MEM_SECONDS=${MEM_SECONDS:-300}
 MEM_INTERVAL=${MEM_INTERVAL:-30}
 COUNTER_ROUNDS=${COUNTER_ROUNDS:-7}
 INSTR_TX=${INSTR_TX:-1000}
+PROFILE_VARIANTS=${PROFILE_VARIANTS:-new_floor_hot new_ext}
 INSTR_VARIANTS=${INSTR_VARIANTS:-new_floor_hot new_floor new_peer new_ext replay_floor replay_floor_hash replay_peer replay_ext inprogress_peer inprogress_ext}
 has_part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
@@ -124,7 +132,7 @@ if has_part instructions; then
         "shared_buffers = '512MB'" "autovacuum = off"
 fi
 if has_part tps || has_part cleanup || has_part size || has_part memory || has_part responses \
-    || has_part counters; then
+    || has_part counters || has_part profile; then
     start_cluster "idempotency.database = 'bench'" \
         "idempotency.naptime = '1h'" \
         "synchronous_commit = off" \
@@ -266,6 +274,19 @@ needs_bench_db() {
     psql_bench -v keys="$KEYS" -f "$IDEM_TMP/src/bench/load.sql"
 }
 
+# In simple mode pgbench pastes a variable's value into the statement's
+# text: the token (text) needs quotes there, and only there.  The workloads
+# for -M simple are written to $IDEM_TMP/simple; workload_dir p prints the
+# folder for protocol p.
+make_simple_workloads() {
+    local f
+    as_postgres mkdir -p "$IDEM_TMP/simple"
+    for f in "$W"/*.sql; do
+        sed "s/(:token,/(':token',/" "$f" | as_postgres tee "$IDEM_TMP/simple/${f##*/}" >/dev/null
+    done
+}
+workload_dir() { if [ "$1" = simple ]; then echo "$IDEM_TMP/simple"; else echo "$W"; fi; }
+
 # --- tps: the extension against the floors and the peer, three protocols -----
 # Every variant runs in each of PROTOCOLS (pgbench -M simple: text
 # interpolated, parsed and planned every call, as psycopg2 sends it;
@@ -280,12 +301,7 @@ part_tps() {
     # Each round ends with VACUUM ANALYZE: an autovacuum started by one
     # variant's writes must not run during (and count against) another's.
     psql_bench -c "ALTER SYSTEM SET autovacuum = off" -c "SELECT pg_reload_conf()" >/dev/null
-    # In simple mode pgbench pastes a variable's value into the statement's
-    # text: the token (text) needs quotes there, and only there.
-    as_postgres mkdir -p "$IDEM_TMP/simple"
-    for f in "$W"/*.sql; do
-        sed "s/(:token,/(':token',/" "$f" | as_postgres tee "$IDEM_TMP/simple/${f##*/}" >/dev/null
-    done
+    make_simple_workloads
     variants_of() {
         case $1 in
             new) echo "new_floor_hot new_floor new_peer new_ext" ;;
@@ -302,8 +318,7 @@ part_tps() {
                     # on, its default; every other variant commits asynchronously.
                     opts=""
                     [ "$v" = new_ext_sync ] && opts="-c idempotency.synchronous_outcomes=on"
-                    dir=$W
-                    [ "$p" = simple ] && dir=$IDEM_TMP/simple
+                    dir=$(workload_dir "$p")
                     kids=$(children); ticks=$(server_ticks)
                     out=$(as_postgres env PGOPTIONS="$opts" "$bindir/pgbench" -n -M "$p" -c "$CLIENTS" -j 2 \
                         -T "$RUN_SECONDS" -D keys="$KEYS" -f "$dir/${v%_sync}.sql" bench 2>&1)
@@ -406,13 +421,9 @@ instructions_of() {
 part_instructions() {
     local results=$IDEM_TMP/instructions.tsv p v dir a b f
     : >"$results"
-    as_postgres mkdir -p "$IDEM_TMP/simple"
-    for f in "$W"/*.sql; do
-        sed "s/(:token,/(':token',/" "$f" | as_postgres tee "$IDEM_TMP/simple/${f##*/}" >/dev/null
-    done
+    make_simple_workloads
     for p in $PROTOCOLS; do
-        dir=$W
-        [ "$p" = simple ] && dir=$IDEM_TMP/simple
+        dir=$(workload_dir "$p")
         for v in $INSTR_VARIANTS; do
             a=$(instructions_of "$p" "$dir/$v.sql" 100)
             b=$(instructions_of "$p" "$dir/$v.sql" $((INSTR_TX + 100)))
@@ -437,6 +448,122 @@ part_instructions() {
         done
         echo
     } | out
+}
+
+# --- profile: where a transaction's time goes, side by side -------------------
+# The user and system clock ticks the processes pids... have used so far.
+pid_ticks() {
+    local pid
+    for pid in "$@"; do cat "/proc/$pid/stat" 2>/dev/null || true; done |
+        awk '{ sub(/^.*\) /, ""); u += $12; s += $13 } END { print u + 0, s + 0 }'
+}
+# Each of PROFILE_VARIANTS in each of PROTOCOLS, ROUNDS alternating rounds:
+# from a second into a pgbench run to a second before its end, the CPU time of
+# its backends (user and system) and of the server's other processes per
+# transaction, and what the backends were doing, sampled every 20 ms from
+# pg_stat_activity by a session of its own.  It says where the time goes
+# that an instruction count does not show: the kernel, waits on locks and
+# buffers, waits for the client.
+part_profile() {
+    local results=$IDEM_TMP/profile.tsv round p v dir pb sampler
+    local launched window pids aux client t0 t1 u0 s0 u1 s1 a0 as0 a1 as1 c0 cs0 c1 cs1 tx hz
+    hz=$(getconf CLK_TCK)
+    : >"$results"
+    make_simple_workloads
+    psql_bench -c "ALTER SYSTEM SET autovacuum = off" -c "SELECT pg_reload_conf()" >/dev/null
+    psql_bench -c "CREATE TABLE bench_waits (run text, event text, n bigint)"
+    for round in $(seq 1 "$ROUNDS"); do
+        log "profile: round $round of $ROUNDS"
+        for p in $PROTOCOLS; do
+            dir=$(workload_dir "$p")
+            for v in $PROFILE_VARIANTS; do
+                as_postgres rm -f "$LOGS"/profile.*
+                launched=$(now)
+                as_postgres "$bindir/pgbench" -n -M "$p" -c "$CLIENTS" -j 2 -T "$RUN_SECONDS" -D keys="$KEYS" \
+                    -l --log-prefix="$LOGS/profile" -f "$dir/$v.sql" bench >"$IDEM_TMP/profile.out" 2>&1 &
+                pb=$!
+                # pgbench opens and closes a connection of its own before its
+                # clients connect: the measure starts a second into the run
+                # (or later: starting psql on a busy machine takes a while)
+                # and ends a second before pgbench does.
+                sleep 1
+                pids=$(sql_value bench "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity
+                    WHERE application_name = 'pgbench' HAVING count(*) = $CLIENTS")
+                client=$(pgrep -d ' ' -u postgres -x pgbench || true)
+                [ -n "$pids" ] && [ -n "$client" ] || { wait "$pb" || true; log "profile: pgbench or its $CLIENTS backends not found ($v, $p)"; return 1; }
+                aux=$(sql_value bench "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity
+                    WHERE backend_type <> 'client backend'")
+                as_postgres env PGAPPNAME=bench_profile "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d bench -c "DO \$\$
+                    BEGIN
+                        CREATE TEMP TABLE samples (event text);
+                        FOR i IN 1..$((RUN_SECONDS * 50)) LOOP
+                            PERFORM pg_stat_clear_snapshot();
+                            INSERT INTO samples
+                                SELECT coalesce(wait_event_type || ':' || wait_event, 'running')
+                                  FROM pg_stat_activity WHERE application_name = 'pgbench';
+                            EXIT WHEN NOT FOUND;    -- pgbench has ended
+                            PERFORM pg_sleep(0.02);
+                        END LOOP;
+                        INSERT INTO bench_waits SELECT '$p:$v', event, count(*) FROM samples GROUP BY event;
+                    END \$\$" &
+                sampler=$!
+                read -r u0 s0 < <(pid_ticks $pids); read -r a0 as0 < <(pid_ticks $aux)
+                read -r c0 cs0 < <(pid_ticks $client); t0=$(now)
+                window=$(awk -v l="$launched" -v t="$t0" -v r="$RUN_SECONDS" 'BEGIN { printf "%.2f", l + r - 1 - t }')
+                awk -v w="$window" 'BEGIN { exit !(w >= 1) }' \
+                    || { wait "$pb" "$sampler" || true; log "profile: less than a second left to measure ($v, $p): raise RUN_SECONDS"; return 1; }
+                sleep "$window"
+                read -r u1 s1 < <(pid_ticks $pids); read -r a1 as1 < <(pid_ticks $aux)
+                read -r c1 cs1 < <(pid_ticks $client); t1=$(now)
+                wait "$sampler"
+                wait "$pb" || { cat "$IDEM_TMP/profile.out" >&2; log "pgbench failed for $v ($p)"; return 1; }
+                tx=$(lat_stats profile "$t0" "$t1" | awk '{ print $1 }')
+                [ "$tx" -gt 0 ] || { log "profile: no transaction measured ($v, $p)"; return 1; }
+                awk -v r="$p:$v" -v n="$tx" -v dt="$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" -v hz="$hz" \
+                    -v u=$((u1 - u0)) -v s=$((s1 - s0)) -v a=$((a1 - a0 + as1 - as0)) -v c=$((c1 - c0 + cs1 - cs0)) \
+                    -v cores="$(nproc)" \
+                    'BEGIN { f = 1e6 / hz / n
+                             printf "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\n", r, n / dt, u * f, s * f, a * f, c * f,
+                                 cores * dt * 1e6 / n }' \
+                    | tee -a "$results" | awk -F'\t' '{ printf "  %-24s %6.0f tps, µs per transaction: backend user %5.1f, system %5.1f, other processes %4.1f, pgbench %5.1f, machine %5.1f\n", $1, $2, $3, $4, $5, $6, $7 }' >&2
+            done
+        done
+        psql_bench -c "VACUUM ANALYZE"
+    done
+    psql_bench -c "ALTER SYSTEM RESET autovacuum" -c "SELECT pg_reload_conf()" >/dev/null
+    {
+        echo "### Profile: where a transaction's time goes"
+        echo
+        echo "$CLIENTS clients, $ROUNDS alternating rounds of ${RUN_SECONDS}s, each measured from its first second (or later) to its last;"
+        echo "medians of the rounds. CPU time in µs per transaction from /proc: the backends of pgbench (user, system),"
+        echo "the server's other processes (WAL writer, checkpointer, background writer, the worker), pgbench itself;"
+        echo "\"machine\" is all the CPU there was: $(nproc) cores × the time / the transactions."
+        echo
+        echo "| run | tps | backend user µs | backend system µs | other processes µs | pgbench µs | machine µs |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for p in $PROTOCOLS; do
+            for v in $PROFILE_VARIANTS; do
+                printf '| %s |' "$p:$v"
+                for i in 2 3 4 5 6 7; do
+                    awk -F'\t' -v r="$p:$v" -v i=$i '$1 == r { print $i }' "$results" | median |
+                        awk -v i=$i '{ printf (i == 2 ? " %.0f |" : " %.1f |"), $1 }'
+                done
+                echo
+            done
+        done
+        echo
+        echo "What the backends were doing, share of the samples (every 20 ms, all rounds): \"running\" is on a CPU or"
+        echo "waiting for one; Client:ClientRead is waiting for the client's next message. Events under 0.5% are left out."
+        echo
+        echo "| run | event | share |"
+        echo "| --- | --- | ---: |"
+        sql_value bench "SELECT format('| %s | %s | %s%% |', run, event, round(100.0 * n / total, 1))
+            FROM (SELECT run, event, sum(n) AS n, sum(sum(n)) OVER (PARTITION BY run) AS total
+                    FROM bench_waits GROUP BY run, event) w
+           WHERE n >= 0.005 * total ORDER BY run, n DESC"
+        echo
+    } | out
+    psql_bench -c "DROP TABLE bench_waits"
 }
 
 # --- cleanup: claim latency while the worker drains a backlog ------------------
@@ -773,9 +900,11 @@ part_counters() {
     } | out
 }
 
-if has_part tps || has_part cleanup || has_part memory || has_part counters || has_part instructions; then needs_bench_db; fi
+if has_part tps || has_part cleanup || has_part memory || has_part counters || has_part instructions \
+    || has_part profile; then needs_bench_db; fi
 if has_part instructions; then part_instructions; fi
 if has_part tps; then part_tps; fi
+if has_part profile; then part_profile; fi
 if has_part cleanup; then part_cleanup; fi
 if has_part size; then part_size; fi
 if has_part memory; then part_memory; fi
