@@ -466,7 +466,7 @@ pid_ticks() {
 # buffers, waits for the client.
 part_profile() {
     local results=$IDEM_TMP/profile.tsv round p v dir pb sampler
-    local launched window pids aux client t0 t1 u0 s0 u1 s1 a0 as0 a1 as1 c0 cs0 c1 cs1 tx hz
+    local launched window pids aux client i t0 t1 u0 s0 u1 s1 a0 as0 a1 as1 c0 cs0 c1 cs1 tx hz
     hz=$(getconf CLK_TCK)
     : >"$results"
     make_simple_workloads

@@ -389,7 +389,7 @@ created_type(const IdemCatalog *fresh, const char *column)
 		return fresh->state_type;
 	if (strcmp(column, "on_lease_expiry") == 0)
 		return fresh->policy_type;
-	for (i = 0; i < lengthof(columns); i++)
+	for (i = 0; i < (int) lengthof(columns); i++)
 		if (strcmp(column, columns[i].name) == 0)
 			return columns[i].type;
 	return InvalidOid;
@@ -501,7 +501,7 @@ check_as_created(Relation rel, const ConstrCheck *check)
 	};
 	int			i;
 
-	for (i = 0; i < lengthof(checks); i++)
+	for (i = 0; i < (int) lengthof(checks); i++)
 	{
 		char	   *shown;
 
@@ -545,7 +545,7 @@ index_as_created(Oid index_oid)
 	class_tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(index_oid));
 	if (!HeapTupleIsValid(class_tuple))
 		return false;
-	for (i = 0; i < lengthof(indexes); i++)
+	for (i = 0; i < (int) lengthof(indexes); i++)
 		if (strcmp(NameStr(((Form_pg_class) GETSTRUCT(class_tuple))->relname),
 				   indexes[i][0]) == 0)
 			which = i;

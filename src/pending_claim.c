@@ -33,12 +33,12 @@
  *
  * A claim stays pending only inside a transaction block (outside one it
  * commits at once anyway), only one at a time per transaction (the next
- * claim writes at once), only outside a DDL statement, only while idem_records has no trigger but the
- * extension's guard: a trigger or a foreign key of the owner's may look
- * for the row, and at commit deferred triggers have already fired; and
- * only while nothing in the table could refuse the row at commit that
- * would have refused it at the claim (catalog.c, records_as_created, and
- * scope_entry_fits below).
+ * claim writes at once), only outside a DDL statement, only while
+ * idem_records has no trigger but the extension's guard: a trigger or a
+ * foreign key of the owner's may look for the row, and at commit deferred
+ * triggers have already fired; and only while nothing in the table could
+ * refuse the row at commit that would have refused it at the claim
+ * (catalog.c, records_as_created, and scope_entry_fits below).
  *
  * Savepoints.  The pending claim belongs to the subtransaction that made
  * it, and to its parent once that is released, as does the key lock; when
@@ -113,6 +113,10 @@ static void pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 									ParamListInfo params,
 									QueryEnvironment *queryEnv,
 									DestReceiver *dest, QueryCompletion *qc);
+static void run_ddl(PlannedStmt *pstmt, const char *queryString,
+					bool readOnlyTree, ProcessUtilityContext context,
+					ParamListInfo params, QueryEnvironment *queryEnv,
+					DestReceiver *dest, QueryCompletion *qc);
 static void run_utility(PlannedStmt *pstmt, const char *queryString,
 						bool readOnlyTree, ProcessUtilityContext context,
 						ParamListInfo params, QueryEnvironment *queryEnv,
@@ -164,7 +168,7 @@ scope_entry_fits(const IdemScope *scope)
 	Size		size = MAXALIGN(sizeof(IndexTupleData));
 	int			i;
 
-	for (i = 0; i < lengthof(parts); i++)
+	for (i = 0; i < (int) lengthof(parts); i++)
 		size = INTALIGN(size) + VARHDRSZ + VARSIZE_ANY_EXHDR(parts[i]);
 	return MAXALIGN(size) <= SCOPE_ENTRY_MAX;
 }
@@ -373,7 +377,6 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc)
 {
-	int			saved_depth = ddl_depth;
 	bool		snapshot_pushed = false;
 
 	if (GetCommandLogLevel(pstmt->utilityStmt) != LOGSTMT_DDL)
@@ -395,13 +398,26 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 			snapshot_pushed = true;
 		}
 	}
+	run_ddl(pstmt, queryString, readOnlyTree, context, params, queryEnv,
+			dest, qc);
+	if (snapshot_pushed)
+		PopActiveSnapshot();
+}
+
+/* Run a DDL statement, counted in ddl_depth however it ends. */
+static void
+run_ddl(PlannedStmt *pstmt, const char *queryString,
+		bool readOnlyTree, ProcessUtilityContext context,
+		ParamListInfo params, QueryEnvironment *queryEnv,
+		DestReceiver *dest, QueryCompletion *qc)
+{
+	int			saved_depth = ddl_depth;
+
 	ddl_depth++;
 	PG_TRY();
 	{
 		run_utility(pstmt, queryString, readOnlyTree, context, params,
 					queryEnv, dest, qc);
-		if (snapshot_pushed)
-			PopActiveSnapshot();
 	}
 	PG_FINALLY();
 	{

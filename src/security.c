@@ -239,7 +239,7 @@ idem_redact_key(const char *message, const char *key)
 	if (key[0] == '\0')
 		return pstrdup(message);
 	variants[nvariants++] = pstrdup(key);
-	for (i = 0; i < lengthof(forms); i++)
+	for (i = 0; i < (int) lengthof(forms); i++)
 	{
 		char	   *form = escaped_key(key, forms[i]);
 		bool		seen = false;
