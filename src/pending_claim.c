@@ -113,10 +113,6 @@ static void pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 									ParamListInfo params,
 									QueryEnvironment *queryEnv,
 									DestReceiver *dest, QueryCompletion *qc);
-static void run_ddl(PlannedStmt *pstmt, const char *queryString,
-					bool readOnlyTree, ProcessUtilityContext context,
-					ParamListInfo params, QueryEnvironment *queryEnv,
-					DestReceiver *dest, QueryCompletion *qc);
 static void run_utility(PlannedStmt *pstmt, const char *queryString,
 						bool readOnlyTree, ProcessUtilityContext context,
 						ParamListInfo params, QueryEnvironment *queryEnv,
@@ -377,7 +373,8 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc)
 {
-	bool		snapshot_pushed = false;
+	int			saved_depth = ddl_depth;
+	volatile bool snapshot_pushed = false;
 
 	if (GetCommandLogLevel(pstmt->utilityStmt) != LOGSTMT_DDL)
 	{
@@ -398,21 +395,6 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 			snapshot_pushed = true;
 		}
 	}
-	run_ddl(pstmt, queryString, readOnlyTree, context, params, queryEnv,
-			dest, qc);
-	if (snapshot_pushed)
-		PopActiveSnapshot();
-}
-
-/* Run a DDL statement, counted in ddl_depth however it ends. */
-static void
-run_ddl(PlannedStmt *pstmt, const char *queryString,
-		bool readOnlyTree, ProcessUtilityContext context,
-		ParamListInfo params, QueryEnvironment *queryEnv,
-		DestReceiver *dest, QueryCompletion *qc)
-{
-	int			saved_depth = ddl_depth;
-
 	ddl_depth++;
 	PG_TRY();
 	{
@@ -424,6 +406,8 @@ run_ddl(PlannedStmt *pstmt, const char *queryString,
 		ddl_depth = saved_depth;
 	}
 	PG_END_TRY();
+	if (snapshot_pushed)
+		PopActiveSnapshot();
 }
 
 /* Run the utility statement: through the next hook, or PostgreSQL itself. */
