@@ -296,7 +296,7 @@ workload_dir() { if [ "$1" = simple ]; then echo "$IDEM_TMP/simple"; else echo "
 # after the other; results are "protocol:variant<TAB>tps".
 part_tps() {
     local results=$IDEM_TMP/results.tsv cpu_results=$IDEM_TMP/cpu.tsv
-    local round w v p tps opts dir f out tx ticks kids cpu
+    local round w v p tps opts dir out tx ticks kids cpu
     : >"$results"; : >"$cpu_results"
     # Each round ends with VACUUM ANALYZE: an autovacuum started by one
     # variant's writes must not run during (and count against) another's.
@@ -419,7 +419,7 @@ instructions_of() {
     echo "$best"
 }
 part_instructions() {
-    local results=$IDEM_TMP/instructions.tsv p v dir a b f
+    local results=$IDEM_TMP/instructions.tsv p v dir a b
     : >"$results"
     make_simple_workloads
     for p in $PROTOCOLS; do
