@@ -363,3 +363,29 @@ SELECT k, (SELECT outcome FROM idem_claim('ct.op', k, '{}'))
   FROM unnest('{a,B,c,D,e,F,g,H,_x,-y,Z1,z2,aa,AB}'::text[]) k;
 DELETE FROM idem_records WHERE operation = 'ct.op';
 \set VERBOSITY default
+
+-- A statement that rewrites idem_records copies its rows to new storage and
+-- discards the old: a claim or completion written while it runs (from a
+-- USING expression here) would be lost with the old storage, and the key
+-- would answer proceed again.  It is refused, and the statement fails.
+CREATE TABLE tc_rewrite_log (key text, outcome text);
+CREATE FUNCTION tc_claim_in_rewrite(k text) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO tc_rewrite_log SELECT k, outcome FROM idem_claim('tc.op', k, '{}');
+  RETURN 1;
+END $$;
+SELECT outcome FROM idem_claim('tc.op', 'tc-rewrite-1', '{}');
+SELECT outcome FROM idem_claim('tc.op', 'tc-rewrite-2', '{}');
+\set VERBOSITY sqlstate
+ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
+  USING (attempt * tc_claim_in_rewrite('tc-rewritten-' || id));
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
+  USING (attempt * tc_claim_in_rewrite('tc-rewritten-' || id));
+\set SHOW_CONTEXT errors
+SELECT count(*) AS claims_answered FROM tc_rewrite_log;
+SELECT key FROM idem_records WHERE key LIKE 'tc-rewrit%' ORDER BY key;
+DELETE FROM idem_records WHERE key LIKE 'tc-rewrit%';
+DROP FUNCTION tc_claim_in_rewrite(text);
+DROP TABLE tc_rewrite_log;

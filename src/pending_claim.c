@@ -339,6 +339,17 @@ write_pending_processing(void)
 }
 
 /*
+ * Whether a DDL statement is running in this backend (a claim made from an
+ * event trigger or an expression the statement evaluates).  Only known
+ * with the library preloaded, or loaded before the statement began.
+ */
+bool
+idem_in_ddl_statement(void)
+{
+	return ddl_depth > 0;
+}
+
+/*
  * Install the hook that writes a pending claim's record before any DDL
  * statement of its transaction.  Loaded by a call (not preloaded), the
  * library may be loaded in the middle of a DDL statement, from an event
