@@ -386,6 +386,56 @@ ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
 \set SHOW_CONTEXT errors
 SELECT count(*) AS claims_answered FROM tc_rewrite_log;
 SELECT key FROM idem_records WHERE key LIKE 'tc-rewrit%' ORDER BY key;
+
+-- So is every other write of a record there: a new attempt of a key that
+-- failed retryably, the takeover of an ended lease, a lease marked
+-- unknown, and the lease and cleanup passes.  Each would be lost too.
+CREATE FUNCTION tc_run_in_rewrite(q text) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE q;
+  INSERT INTO tc_rewrite_log VALUES (q, 'ran');
+  RETURN 1;
+END $$;
+SELECT idem_fail((SELECT token FROM idem_claim('tc.op', 'tc-rewrite-retry', '{}')),
+                 503, retryable => true);
+SELECT outcome FROM idem_claim('tc.op', 'tc-rewrite-takeover', '{}',
+                               on_lease_expiry => 'retry');
+SELECT outcome FROM idem_claim('tc.op', 'tc-rewrite-unknown', '{}');
+SELECT idem_complete((SELECT token FROM idem_claim('tc.op', 'tc-rewrite-expired', '{}')),
+                     200, '{}');
+UPDATE idem_records SET locked_until = now() - interval '1 minute'
+ WHERE key IN ('tc-rewrite-takeover', 'tc-rewrite-unknown');
+UPDATE idem_records SET completed_at = now() - interval '31 days',
+                        expires_at = now() - interval '30 days'
+ WHERE key = 'tc-rewrite-expired';
+SET idempotency.tombstone_ttl = 0;
+\set VERBOSITY sqlstate
+ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
+  USING (attempt * CASE WHEN key = 'tc-rewrite-retry' THEN tc_run_in_rewrite(
+    $q$SELECT idem_claim('tc.op', 'tc-rewrite-retry', '{}')$q$) ELSE 1 END);
+ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
+  USING (attempt * CASE WHEN key = 'tc-rewrite-takeover' THEN tc_run_in_rewrite(
+    $q$SELECT idem_claim('tc.op', 'tc-rewrite-takeover', '{}')$q$) ELSE 1 END);
+ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
+  USING (attempt * CASE WHEN key = 'tc-rewrite-unknown' THEN tc_run_in_rewrite(
+    $q$SELECT idem_claim('tc.op', 'tc-rewrite-unknown', '{}')$q$) ELSE 1 END);
+ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
+  USING (attempt * CASE WHEN key = 'tc-rewrite-unknown' THEN tc_run_in_rewrite(
+    $q$SELECT idem_expire_leases()$q$) ELSE 1 END);
+ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
+  USING (attempt * CASE WHEN key = 'tc-rewrite-expired' THEN tc_run_in_rewrite(
+    $q$SELECT idem_cleanup()$q$) ELSE 1 END);
+\set VERBOSITY default
+RESET idempotency.tombstone_ttl;
+SELECT count(*) AS writes_answered FROM tc_rewrite_log;
+SELECT key, state, attempt FROM idem_records
+ WHERE key LIKE 'tc-rewrite-%' ORDER BY key;
+-- Each key's next attempt is given once, after the statements.
+SELECT k, (SELECT outcome || ' ' || attempt FROM idem_claim('tc.op', k, '{}')) AS first,
+          (SELECT outcome FROM idem_claim('tc.op', k, '{}')) AS second
+  FROM unnest('{tc-rewrite-retry,tc-rewrite-takeover,tc-rewrite-unknown}'::text[]) k;
+
 DELETE FROM idem_records WHERE key LIKE 'tc-rewrit%';
+DROP FUNCTION tc_run_in_rewrite(text);
 DROP FUNCTION tc_claim_in_rewrite(text);
 DROP TABLE tc_rewrite_log;

@@ -573,6 +573,7 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 		return 0;
 	}
 	Assert(plans[run->pass].batch != NULL);
+	idem_refuse_write_during_ddl();
 	if (run->pass != IDEM_PASS_LEASES && plans_archive_missing)
 	{
 		if (!plans_tombstones)

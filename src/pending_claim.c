@@ -59,8 +59,11 @@
 #include "access/table.h"
 #include "access/xact.h"
 #include "commands/trigger.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
 #include "storage/proc.h"
 #include "tcop/utility.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/rel.h"
@@ -339,14 +342,34 @@ write_pending_processing(void)
 }
 
 /*
- * Whether a DDL statement is running in this backend (a claim made from an
- * event trigger or an expression the statement evaluates).  Only known
- * with the library preloaded, or loaded before the statement began.
+ * Refuse a write to idem_records while a DDL statement runs in a
+ * transaction that holds the table exclusively: the statement may be
+ * rewriting it (ALTER COLUMN TYPE, a volatile default, CLUSTER), and a row
+ * written or changed now, from an expression the statement evaluates,
+ * would go to the storage the rewrite discards; the key would answer
+ * proceed again.  Every write of the extension's calls this first: a new
+ * record, a new attempt, a lease marked unknown, a resolution, the lease
+ * and cleanup passes.  A DDL statement is known only with the library
+ * preloaded, or loaded before the statement began.
  */
-bool
-idem_in_ddl_statement(void)
+void
+idem_refuse_write_during_ddl(void)
 {
-	return ddl_depth > 0;
+	Oid			relid;
+	LOCKTAG		tag;
+
+	if (ddl_depth == 0)
+		return;
+	relid = idem_catalog()->table_oid;
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	if (!LockHeldByMe(&tag, AccessExclusiveLock))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_IN_USE),
+			 errmsg("cannot write an idempotency record while a statement alters table \"%s\"",
+					get_rel_name(relid)),
+			 errdetail("The statement may rewrite the table, and the record would be lost with its old storage."),
+			 errhint("Claim, complete and clean up keys outside the statements that alter the table.")));
 }
 
 /*

@@ -60,7 +60,6 @@
 #include "optimizer/optimizer.h"
 #include "parser/parse_coerce.h"
 #include "rewrite/rewriteHandler.h"
-#include "storage/lmgr.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -130,21 +129,7 @@ idem_writer_begin(IdemRecordWriter *w)
 
 	memset(w, 0, sizeof(*w));
 	w->rel = table_open(cat->table_oid, RowExclusiveLock);
-
-	/*
-	 * A DDL statement that holds the table exclusively may be rewriting it
-	 * (ALTER COLUMN TYPE, a volatile default): a row written now, from an
-	 * expression the statement evaluates, would go to the storage the
-	 * rewrite discards, and its key would answer proceed again.
-	 */
-	if (idem_in_ddl_statement() &&
-		CheckRelationLockedByMe(w->rel, AccessExclusiveLock, false))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_IN_USE),
-				 errmsg("cannot write an idempotency record while a statement alters table \"%s\"",
-						RelationGetRelationName(w->rel)),
-				 errdetail("The statement may rewrite the table, and the record would be lost with its old storage."),
-				 errhint("Claim and complete keys outside the statements that alter the table.")));
+	idem_refuse_write_during_ddl();
 	w->estate = CreateExecutorState();
 	w->estate->es_output_cid = GetCurrentCommandId(true);
 

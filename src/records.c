@@ -65,6 +65,7 @@
 
 #include "catalog.h"
 #include "idempotency.h"
+#include "pending_claim.h"
 #include "record_writer.h"
 #include "records.h"
 #include "response_seal.h"
@@ -1041,6 +1042,9 @@ run_plan(RecordPlan which, Datum *values, const char *nulls)
 	MemoryContext caller = CurrentMemoryContext;
 	int			ret;
 
+	/* every kept statement but the fetch writes the record */
+	if (which != PLAN_FETCH_BY_ID)
+		idem_refuse_write_during_ddl();
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	/* a constraint error must not show the row, as for the direct writes */
