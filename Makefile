@@ -58,7 +58,7 @@ REGRESS += upgrade exact_replay
 # (claim_prepared needs max_prepared_transactions > 0)
 REGRESS += inbox claim_many
 ISOLATION += claim_many_keys claim_prepared
-ISOLATION += maintenance_skip_locked expiry_races expiry_races_archive takeover_wait inbox_races isolation_claim_pending claim_many_cancel
+ISOLATION += maintenance_skip_locked maintenance_late_commit expiry_races expiry_races_archive takeover_wait inbox_races isolation_claim_pending claim_many_cancel
 
 
 PG_CONFIG ?= pg_config

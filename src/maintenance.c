@@ -90,7 +90,9 @@
  * index order, can never hold the good ones back.  The next run tries them
  * again.  A row that a trigger keeps without an error (a BEFORE trigger
  * returning NULL) is set aside the same way, found by picking again after
- * a batch that changed fewer rows than its limit (set_aside_kept()).  The
+ * a batch that changed fewer rows than its limit and changing those rows
+ * one by one (redo_row_by_row()): a row committed after the batch's
+ * snapshot is found there too, and is changed, not set aside.  The
  * batch that succeeds, the usual case, costs one subtransaction more than
  * the statement alone.
  *
@@ -182,7 +184,6 @@ static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
 									  ErrorData **edata);
 static bool error_concerns_rows(int sqlerrcode);
 static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
-static int	set_aside_kept(IdemPassRun *run, Datum *values, int limit);
 static int64 *pick_ids(IdemPassRun *run, Datum *values, int *n);
 static void set_aside(IdemPassRun *run, int64 id, ErrorData *edata,
 					  Datum *values);
@@ -601,14 +602,22 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	if (execute_in_subtransaction(run->pass, plans[run->pass].batch, values,
 								  &processed, &edata))
 	{
+		int64		late = 0;
+
 		/*
-		 * Fewer rows than the limit: the end of the work, or rows that a
+		 * Fewer rows than the limit: the end of the work, rows that a
 		 * trigger kept without an error (a BEFORE trigger returning NULL),
-		 * which the next batch would pick first again.
+		 * which the next batch would pick first again, or rows that became
+		 * due after the batch's snapshot.  Look again, row by row.
 		 */
-		*more = (processed >= (uint64) limit) ||
-			set_aside_kept(run, values, limit - (int) processed) > 0;
-		return (int64) processed;
+		picked = 0;
+		if (processed < (uint64) limit)
+		{
+			values[1] = Int32GetDatum(limit - (int) processed);
+			late = redo_row_by_row(run, values, &picked);
+		}
+		*more = (processed >= (uint64) limit) || picked > 0;
+		return (int64) processed + late;
 	}
 
 	/* a row of the batch failed: find it, and do the others */
@@ -619,11 +628,21 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 }
 
 /*
- * Lock the rows of the batch that failed and change them one by one, each
- * in a subtransaction of its own, skipping those that fail.  The rows are
- * locked in the calling (sub)transaction, so that they stay locked by us
- * whatever happens to the subtransactions.  Returns the number of rows
- * changed, and the number of rows picked in *picked.
+ * Lock the rows of a batch that failed, or that changed fewer rows than
+ * its limit, and change them one by one, each in a subtransaction of its
+ * own.  The rows are locked in the calling (sub)transaction, so that they
+ * stay locked by us whatever happens to the subtransactions.
+ *
+ * A row whose statement fails is set aside as a skipped record, and so is
+ * one that its statement leaves unchanged without an error (a BEFORE
+ * trigger returned NULL): later batches go past it instead of picking it
+ * first again and changing nothing, which stopped the pass for good once
+ * a batch held nothing else.  Cleanup purges such records
+ * (purge_refused()).  After a short batch the rows found are usually none,
+ * at the cost of one more index probe at the end of a pass; a row that
+ * became due after the batch's snapshot (committed while it ran) is
+ * changed here like any other, not taken for one a trigger kept.  Returns
+ * the number of rows changed, and the number of rows picked in *picked.
  */
 static int64
 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
@@ -641,40 +660,17 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 
 		CHECK_FOR_INTERRUPTS();
 		values[2] = ids_array(&ids[i], 1);
-		if (execute_in_subtransaction(run->pass, plans[run->pass].one, values,
-									  &processed, &edata))
-			changed += (int64) processed;
-		else
+		if (!execute_in_subtransaction(run->pass, plans[run->pass].one, values,
+									   &processed, &edata))
 			set_aside(run, ids[i], edata, values);
+		else if (processed == 0)
+			set_aside(run, ids[i], NULL, values);
+		else
+			changed += (int64) processed;
 	}
 
 	*picked = n;
 	return changed;
-}
-
-/*
- * After a batch that changed fewer rows than its limit, pick again (at most
- * limit rows, locking them): the rows found now are those the batch left
- * unchanged without an error, because a BEFORE trigger returned NULL, and
- * are still locked by us; rarely, a row that became due meanwhile.  They
- * are set aside as skipped records, so that later batches go past them
- * instead of picking them first again and changing nothing, which stopped
- * the pass for good once a batch held nothing else.  Cleanup purges them
- * (purge_refused()).  Returns how many were set aside; usually none, at the
- * cost of one more index probe at the end of a pass.
- */
-static int
-set_aside_kept(IdemPassRun *run, Datum *values, int limit)
-{
-	int64	   *ids;
-	int			n;
-	int			i;
-
-	values[1] = Int32GetDatum(limit);
-	ids = pick_ids(run, values, &n);
-	for (i = 0; i < n; i++)
-		set_aside(run, ids[i], NULL, values);
-	return n;
 }
 
 /*
@@ -758,7 +754,7 @@ purge_refused(IdemPassRun *run, int64 id, Datum *values)
  * row, is left out, and the key is taken out of the error's message, which
  * a trigger or a constraint of the owner's may have put there.  edata is
  * NULL for a record that its statement left unchanged without an error
- * (set_aside_kept()).  purged says that cleanup made it a tombstone.
+ * (redo_row_by_row()).  purged says that cleanup made it a tombstone.
  */
 static void
 skip_record(IdemPassRun *run, int64 id, ErrorData *edata, bool purged)
