@@ -435,6 +435,29 @@ SELECT k, (SELECT outcome || ' ' || attempt FROM idem_claim('tc.op', k, '{}')) A
           (SELECT outcome FROM idem_claim('tc.op', k, '{}')) AS second
   FROM unnest('{tc-rewrite-retry,tc-rewrite-takeover,tc-rewrite-unknown}'::text[]) k;
 
+-- A rewrite of the archive refuses them too: cleanup with cleanup_action
+-- 'archive' would delete records whose copies went to the archive's old
+-- storage (from a table_rewrite event trigger here).
+CREATE FUNCTION tc_cleanup_on_rewrite() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM idem_cleanup();
+  INSERT INTO tc_rewrite_log VALUES ('idem_cleanup', 'ran');
+END $$;
+CREATE EVENT TRIGGER tc_cleanup_on_rewrite ON table_rewrite
+  EXECUTE FUNCTION tc_cleanup_on_rewrite();
+SET idempotency.cleanup_action = 'archive';
+SET idempotency.tombstone_ttl = 0;
+\set VERBOSITY sqlstate
+ALTER TABLE idem_records_archive ALTER COLUMN attempt TYPE int USING (attempt + 0);
+\set VERBOSITY default
+RESET idempotency.tombstone_ttl;
+RESET idempotency.cleanup_action;
+DROP EVENT TRIGGER tc_cleanup_on_rewrite;
+DROP FUNCTION tc_cleanup_on_rewrite();
+SELECT count(*) AS writes_answered FROM tc_rewrite_log;
+SELECT key, state FROM idem_records WHERE key = 'tc-rewrite-expired';
+
 DELETE FROM idem_records WHERE key LIKE 'tc-rewrit%';
 DROP FUNCTION tc_run_in_rewrite(text);
 DROP FUNCTION tc_claim_in_rewrite(text);

@@ -71,6 +71,7 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
+#include "idempotency.h"
 #include "key_lock.h"
 #include "pending_claim.h"
 #include "security.h"
@@ -121,6 +122,8 @@ static void run_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc);
 static void rehome_key_lock(const LOCKTAG *lock);
+static bool held_exclusively(Oid relid);
+static void refuse_write_during_ddl(Oid relid);
 static void forget(void);
 static text *copy_text(const text *t);
 static bool same_secret(const uint8 *a, const uint8 *b);
@@ -343,27 +346,46 @@ write_pending_processing(void)
 
 /*
  * Refuse a write to idem_records while a DDL statement runs in a
- * transaction that holds the table exclusively: the statement may be
- * rewriting it (ALTER COLUMN TYPE, a volatile default, CLUSTER), and a row
- * written or changed now, from an expression the statement evaluates,
- * would go to the storage the rewrite discards; the key would answer
- * proceed again.  Every write of the extension's calls this first: a new
- * record, a new attempt, a lease marked unknown, a resolution, the lease
- * and cleanup passes.  A DDL statement is known only with the library
- * preloaded, or loaded before the statement began.
+ * transaction that holds the table, or its archive, exclusively: the
+ * statement may be rewriting it (ALTER COLUMN TYPE, a volatile default,
+ * CLUSTER), and a row written or changed now, from an expression the
+ * statement evaluates, would go to the storage the rewrite discards; the
+ * key would answer proceed again, or a record be deleted with its copy
+ * lost.  Every write of the extension's calls this first: a new record, a
+ * new attempt, a lease marked unknown, a resolution, the lease and cleanup
+ * passes.  A DDL statement is known only with the library preloaded, or
+ * loaded before the statement began.
  */
 void
 idem_refuse_write_during_ddl(void)
 {
-	Oid			relid;
-	LOCKTAG		tag;
+	const IdemCatalog *cat;
+	Oid			archive;
 
 	if (ddl_depth == 0)
 		return;
-	relid = idem_catalog()->table_oid;
+	cat = idem_catalog();
+	archive = get_relname_relid(IDEM_ARCHIVE_TABLE, cat->schema_oid);
+	if (held_exclusively(cat->table_oid))
+		refuse_write_during_ddl(cat->table_oid);
+	if (OidIsValid(archive) && held_exclusively(archive))
+		refuse_write_during_ddl(archive);
+}
+
+/* Whether this transaction holds relid in ACCESS EXCLUSIVE mode. */
+static bool
+held_exclusively(Oid relid)
+{
+	LOCKTAG		tag;
+
 	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
-	if (!LockHeldByMe(&tag, AccessExclusiveLock))
-		return;
+	return LockHeldByMe(&tag, AccessExclusiveLock);
+}
+
+/* The error for a write while a DDL statement may be rewriting relid. */
+static void
+refuse_write_during_ddl(Oid relid)
+{
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_IN_USE),
 			 errmsg("cannot write an idempotency record while a statement alters table \"%s\"",
