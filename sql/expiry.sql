@@ -297,6 +297,31 @@ SELECT idem_cleanup(2, 5) AS cleaned;
 SELECT key, response_body IS NULL AS purged FROM idem_records ORDER BY key;
 DROP TRIGGER keep_silently ON idem_records;
 
+--
+-- A BEFORE UPDATE trigger may keep a row by returning OLD: the row is
+-- written again as it was, and the statement counts it as changed.  Found
+-- again at the end of the batch, it is set aside with the WARNING like a
+-- row kept by returning NULL, and not counted; it is not changed again,
+-- batch after batch, until max_batches runs out.
+--
+TRUNCATE idem_records RESTART IDENTITY;
+SELECT count(pg_temp.finished('as-is-' || g, '1 hour')) AS kept_as_is
+  FROM generate_series(1, 2) AS g;
+SELECT count(pg_temp.finished('purgeable-' || g, '1 hour')) AS purgeable
+  FROM generate_series(1, 2) AS g;
+CREATE FUNCTION pg_temp.keep_as_is() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.key LIKE 'as-is-%' THEN
+    RETURN OLD;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER keep_as_is BEFORE UPDATE ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION pg_temp.keep_as_is();
+SELECT idem_cleanup(10, 5) AS cleaned;
+SELECT key, response_body IS NULL AS purged FROM idem_records ORDER BY key;
+DROP TRIGGER keep_as_is ON idem_records;
+
 
 --
 -- tombstone_ttl at its maximum (about 68 years) puts the cleanup cutoff in

@@ -130,6 +130,8 @@ PG_FUNCTION_INFO_V1(idem_cleanup);
 
 /* The number of parameters of every maintenance statement. */
 #define PASS_NARGS	4
+/* the column of the id in the RETURNING list of prepare_pass_plans() */
+#define PASS_RETURNING_ID 4
 
 /*
  * The kept plans of one pass, all taking ($1 timestamptz cutoff,
@@ -177,13 +179,17 @@ static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass, TimestampTz now);
 static bool pass_enabled(IdemPass pass);
 static Datum ids_array(const int64 *ids, int n);
-static uint64 execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values);
+static uint64 execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values,
+								int64 **ids);
 static void count_pass_rows(IdemPass pass);
 static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
 									  Datum *values, uint64 *processed,
-									  ErrorData **edata);
+									  int64 **ids, ErrorData **edata);
 static bool error_concerns_rows(int sqlerrcode);
-static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
+static bool id_listed(int64 id, const int64 *list, int n);
+static int64 redo_row_by_row(IdemPassRun *run, Datum *values,
+							 const int64 *changed_ids, int nchanged,
+							 int *picked);
 static int64 *pick_ids(IdemPassRun *run, Datum *values, int *n);
 static void set_aside(IdemPassRun *run, int64 id, ErrorData *edata,
 					  Datum *values);
@@ -422,8 +428,8 @@ static void
 prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
 				   const char *one_ids, const char *archive)
 {
-	/* what count_pass_rows() reads; the state is the new one */
-	const char *returning = " RETURNING r.role, r.operation, r.state";
+	/* what count_pass_rows() reads (the state is the new one), and the id */
+	const char *returning = " RETURNING r.role, r.operation, r.state, r.id";
 
 	if (one_ids == NULL)
 		one_ids = "$3";
@@ -564,6 +570,7 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	Datum		values[PASS_NARGS];
 	uint64		processed;
 	ErrorData  *edata;
+	int64	   *changed_ids;
 	int			picked;
 	int64		changed;
 	TimestampTz now;
@@ -600,21 +607,22 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	values[3] = TimestampTzGetDatum(pass_cutoff(IDEM_PASS_CLEANUP, now));
 
 	if (execute_in_subtransaction(run->pass, plans[run->pass].batch, values,
-								  &processed, &edata))
+								  &processed, &changed_ids, &edata))
 	{
 		int64		late = 0;
 
 		/*
 		 * Fewer rows than the limit: the end of the work, rows that a
-		 * trigger kept without an error (a BEFORE trigger returning NULL),
-		 * which the next batch would pick first again, or rows that became
-		 * due after the batch's snapshot.  Look again, row by row.
+		 * trigger kept without an error (a BEFORE trigger returning NULL,
+		 * or OLD), which the next batch would pick first again, or rows
+		 * that became due after the batch's snapshot.  Look again.
 		 */
 		picked = 0;
 		if (processed < (uint64) limit)
 		{
 			values[1] = Int32GetDatum(limit - (int) processed);
-			late = redo_row_by_row(run, values, &picked);
+			late = redo_row_by_row(run, values, changed_ids, (int) processed,
+								   &picked);
 		}
 		*more = (processed >= (uint64) limit) || picked > 0;
 		return (int64) processed + late;
@@ -622,7 +630,7 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 
 	/* a row of the batch failed: find it, and do the others */
 	FreeErrorData(edata);
-	changed = redo_row_by_row(run, values, &picked);
+	changed = redo_row_by_row(run, values, NULL, 0, &picked);
 	*more = (picked >= limit);
 	return changed;
 }
@@ -634,18 +642,23 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
  * stay locked by us whatever happens to the subtransactions.
  *
  * A row whose statement fails is set aside as a skipped record, and so is
- * one that its statement leaves unchanged without an error (a BEFORE
- * trigger returned NULL): later batches go past it instead of picking it
- * first again and changing nothing, which stopped the pass for good once
- * a batch held nothing else.  Cleanup purges such records
- * (purge_refused()).  After a short batch the rows found are usually none,
- * at the cost of one more index probe at the end of a pass; a row that
- * became due after the batch's snapshot (committed while it ran) is
- * changed here like any other, not taken for one a trigger kept.  Returns
- * the number of rows changed, and the number of rows picked in *picked.
+ * one that a trigger keeps without an error: later batches go past it
+ * instead of picking it first again and changing nothing, which stopped
+ * the pass for good once a batch held nothing else.  Cleanup purges such
+ * records (purge_refused()).  A trigger keeps a row by returning NULL (its
+ * statement changes nothing) or OLD (the row is written again as it was,
+ * and counted): after a short batch, a row found again that the batch
+ * counted (changed_ids, nchanged of them) was kept so, and is not counted.
+ * The rows found after a short batch are usually none, at the cost of one
+ * more index probe at the end of a pass; a row that became due after the
+ * batch's snapshot (committed while it ran) is changed here like any
+ * other, not taken for one a trigger kept.  Returns the number of rows
+ * changed, less those the batch counted and a trigger kept, and the number
+ * of rows picked in *picked.
  */
 static int64
-redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
+redo_row_by_row(IdemPassRun *run, Datum *values, const int64 *changed_ids,
+				int nchanged, int *picked)
 {
 	int64	   *ids;
 	int64		changed = 0;
@@ -659,9 +672,15 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 		ErrorData  *edata;
 
 		CHECK_FOR_INTERRUPTS();
+		if (id_listed(ids[i], changed_ids, nchanged))
+		{
+			set_aside(run, ids[i], NULL, values);
+			changed--;
+			continue;
+		}
 		values[2] = ids_array(&ids[i], 1);
 		if (!execute_in_subtransaction(run->pass, plans[run->pass].one, values,
-									   &processed, &edata))
+									   &processed, NULL, &edata))
 			set_aside(run, ids[i], edata, values);
 		else if (processed == 0)
 			set_aside(run, ids[i], NULL, values);
@@ -738,7 +757,7 @@ purge_refused(IdemPassRun *run, int64 id, Datum *values)
 	Assert(plans[IDEM_PASS_PURGE].one != NULL);
 	values[2] = ids_array(&id, 1);
 	if (!execute_in_subtransaction(IDEM_PASS_PURGE, plans[IDEM_PASS_PURGE].one,
-								   values, &processed, &edata))
+								   values, &processed, NULL, &edata))
 	{
 		FreeErrorData(edata);
 		return false;
@@ -825,20 +844,48 @@ record_key(int64 id)
 
 /*
  * Run a plan of a pass and return the number of rows it changed, counted
- * in idem_stat_operations when the transaction commits.
+ * in idem_stat_operations when the transaction commits.  With ids, *ids is
+ * set to their ids, allocated in the current memory context.
  */
 static uint64
-execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values)
+execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values,
+				  int64 **ids)
 {
 	int			ret = SPI_execute_plan(plan, values, NULL, false, 0);
 	uint64		processed = SPI_processed;
+	uint64		i;
 
 	if (ret != pass_defs[pass].expected)
 		elog(ERROR, "idempotency maintenance statement failed: %s",
 			 SPI_result_code_string(ret));
 	count_pass_rows(pass);
+	if (ids != NULL)
+	{
+		*ids = palloc(sizeof(int64) * Max(processed, 1));
+		for (i = 0; i < processed; i++)
+		{
+			bool		isnull;
+
+			(*ids)[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													SPI_tuptable->tupdesc,
+													PASS_RETURNING_ID,
+													&isnull));
+		}
+	}
 	SPI_freetuptable(SPI_tuptable);
 	return processed;
+}
+
+/* Whether id is one of the n ids of list. */
+static bool
+id_listed(int64 id, const int64 *list, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (list[i] == id)
+			return true;
+	return false;
 }
 
 /* Rows of a batch with the same role, operation and counter. */
@@ -921,14 +968,15 @@ count_pass_rows(IdemPass pass)
 
 /*
  * Run a plan in a subtransaction of its own.  Returns true, with the number
- * of rows changed in *processed, when it succeeded.  Returns false, with a
+ * of rows changed in *processed (and, with ids, their ids in *ids), when it
+ * succeeded.  Returns false, with a
  * copy of the error in *edata and the subtransaction rolled back, when it
  * failed with an error that concerns the rows it touched; any other error
  * is raised again.  As PL/pgSQL's exception blocks do.
  */
 static bool
 execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan, Datum *values,
-						  uint64 *processed, ErrorData **edata)
+						  uint64 *processed, int64 **ids, ErrorData **edata)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
@@ -938,7 +986,7 @@ execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan, Datum *values,
 	MemoryContextSwitchTo(oldcontext);
 	PG_TRY();
 	{
-		*processed = execute_pass_plan(pass, plan, values);
+		*processed = execute_pass_plan(pass, plan, values, ids);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;
