@@ -388,10 +388,10 @@ refuse_write_during_ddl(Oid relid)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_IN_USE),
-			 errmsg("cannot write an idempotency record while a statement alters table \"%s\"",
+			 errmsg("cannot write an idempotency record in a DDL statement while this transaction holds table \"%s\" exclusively",
 					get_rel_name(relid)),
-			 errdetail("The statement may rewrite the table, and the record would be lost with its old storage."),
-			 errhint("Claim, complete and clean up keys outside the statements that alter the table.")));
+			 errdetail("The statement may be rewriting the table, and the record would be lost with its old storage."),
+			 errhint("Claim, complete and clean up keys outside DDL statements, or once the transaction that altered the table has committed.")));
 }
 
 /*
