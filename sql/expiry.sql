@@ -299,16 +299,24 @@ DROP TRIGGER keep_silently ON idem_records;
 
 --
 -- A BEFORE UPDATE trigger may keep a row by returning OLD: the row is
--- written again as it was, and the statement counts it as changed.  Found
--- again at the end of the batch, it is set aside with the WARNING like a
--- row kept by returning NULL, and not counted; it is not changed again,
--- batch after batch, until max_batches runs out.
+-- written again as it was, and the statement reports it as changed.  A
+-- row its pass's statement leaves as due as before is kept, whatever the
+-- statement reports: set aside with the WARNING, not counted in what the
+-- pass returns or in idem_stat_operations, and not written again batch
+-- after batch, whether the batch is full or short.  Purge and lease
+-- expiry are both UPDATEs.
 --
 TRUNCATE idem_records RESTART IDENTITY;
 SELECT count(pg_temp.finished('as-is-' || g, '1 hour')) AS kept_as_is
   FROM generate_series(1, 2) AS g;
 SELECT count(pg_temp.finished('purgeable-' || g, '1 hour')) AS purgeable
   FROM generate_series(1, 2) AS g;
+SELECT outcome FROM idem_claim('orders.create', 'as-is-lease', '{}');
+SELECT outcome FROM idem_claim('orders.create', 'lease-ends', '{}');
+UPDATE idem_records SET locked_until = now() - interval '2 minutes'
+ WHERE key = 'as-is-lease';
+UPDATE idem_records SET locked_until = now() - interval '1 minute'
+ WHERE key = 'lease-ends';
 CREATE FUNCTION pg_temp.keep_as_is() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF OLD.key LIKE 'as-is-%' THEN
@@ -318,9 +326,41 @@ BEGIN
 END $$;
 CREATE TRIGGER keep_as_is BEFORE UPDATE ON idem_records
   FOR EACH ROW EXECUTE FUNCTION pg_temp.keep_as_is();
+CREATE TEMP TABLE counted_before AS
+  SELECT sum(records_purged) AS purged, sum(leases_expired_unknown) AS expired
+    FROM idem_stat_operations WHERE operation = 'orders.create';
+-- full batches of kept rows, then a short one
+SELECT idem_cleanup(2, 5) AS cleaned;
+SELECT idem_cleanup(1, 5) AS cleaned;
+SELECT idem_cleanup(10, 5) AS cleaned;
+SELECT idem_expire_leases(1) AS expired;
+SELECT idem_expire_leases(5) AS expired;
+SELECT key, state, response_body IS NULL AS purged FROM idem_records ORDER BY key;
+SELECT sum(s.records_purged) - b.purged AS purged_counted,
+       sum(s.leases_expired_unknown) - b.expired AS expired_counted
+  FROM idem_stat_operations s, counted_before b
+ WHERE s.operation = 'orders.create'
+ GROUP BY b.purged, b.expired;
+DROP TABLE counted_before;
+DROP TRIGGER keep_as_is ON idem_records;
+
+-- Past the cleanup cutoff, a record whose deletion a trigger refuses is
+-- purged instead; when the purge is kept as well, the record is left as it
+-- is, not counted as a tombstone, and the WARNING says so.
+TRUNCATE idem_records RESTART IDENTITY;
+SELECT count(pg_temp.finished('kept-old', '9 days')) AS kept_old;
+CREATE FUNCTION pg_temp.keep_everything() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    RETURN NULL;
+  END IF;
+  RETURN OLD;
+END $$;
+CREATE TRIGGER keep_everything BEFORE UPDATE OR DELETE ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION pg_temp.keep_everything();
 SELECT idem_cleanup(10, 5) AS cleaned;
 SELECT key, response_body IS NULL AS purged FROM idem_records ORDER BY key;
-DROP TRIGGER keep_as_is ON idem_records;
+DROP TRIGGER keep_everything ON idem_records;
 
 
 --

@@ -130,8 +130,21 @@ PG_FUNCTION_INFO_V1(idem_cleanup);
 
 /* The number of parameters of every maintenance statement. */
 #define PASS_NARGS	4
-/* the column of the id in the RETURNING list of prepare_pass_plans() */
+/* columns of the RETURNING list of prepare_pass_plans() */
 #define PASS_RETURNING_ID 4
+#define PASS_RETURNING_KEPT 5
+
+/*
+ * What a statement of a pass did: the rows it changed, and those it wrote
+ * but left as due as before (a BEFORE UPDATE trigger returned OLD), which
+ * count as kept, not changed.
+ */
+typedef struct PassOutcome
+{
+	uint64		changed;
+	int64	   *kept;			/* their ids, in the caller's memory context */
+	int			nkept;
+} PassOutcome;
 
 /*
  * The kept plans of one pass, all taking ($1 timestamptz cutoff,
@@ -173,23 +186,21 @@ static bool plans_archive_missing = false;	/* archive wanted, table gone */
 static void free_pass_plans(PassPlans *pp);
 static void prepare_pass_plans(PassPlans *pp, const char *action,
 							   const char *selection, const char *one_ids,
-							   const char *archive);
+							   const char *kept, const char *archive);
 static char *archive_cte(const char *nsp);
 static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass, TimestampTz now);
 static bool pass_enabled(IdemPass pass);
 static Datum ids_array(const int64 *ids, int n);
-static uint64 execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values,
-								int64 **ids);
+static void execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values,
+							  PassOutcome *out);
 static void count_pass_rows(IdemPass pass);
 static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
-									  Datum *values, uint64 *processed,
-									  int64 **ids, ErrorData **edata);
+									  Datum *values, PassOutcome *out,
+									  ErrorData **edata);
 static bool error_concerns_rows(int sqlerrcode);
-static bool id_listed(int64 id, const int64 *list, int n);
-static int64 redo_row_by_row(IdemPassRun *run, Datum *values,
-							 const int64 *changed_ids, int nchanged,
-							 int *picked);
+static bool row_kept(HeapTuple tuple, TupleDesc tupdesc);
+static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
 static int64 *pick_ids(IdemPassRun *run, Datum *values, int *n);
 static void set_aside(IdemPassRun *run, int64 id, ErrorData *edata,
 					  Datum *values);
@@ -337,7 +348,10 @@ idem_maintenance_prepare(Oid extoid)
 			" ORDER BY l.locked_until"
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
-			nsp, nsp), NULL, NULL);
+			nsp, nsp), NULL,
+						   psprintf("r.state OPERATOR(pg_catalog.=) 'processing'::%s.idem_state",
+									nsp),
+						   NULL);
 
 		prepare_pass_plans(&built[IDEM_PASS_CLEANUP],
 						   psprintf(
@@ -353,7 +367,7 @@ idem_maintenance_prepare(Oid extoid)
 			" ORDER BY c.expires_at"
 			" LIMIT $2"
 			" FOR UPDATE SKIP LOCKED",
-			nsp, nsp), NULL, archive_sql);
+			nsp, nsp), NULL, "false", archive_sql);
 
 		/*
 		 * The response conditions are those of idem_records_unpurged's
@@ -396,7 +410,13 @@ idem_maintenance_prepare(Oid extoid)
 				"        OR o.response_raw_body IS NOT NULL"
 				"        OR o.response_sealed IS NOT NULL"
 				"        OR o.resource_id IS NOT NULL))",
-				nsp), archive_sql);
+				nsp),
+							   "(r.response_headers IS NOT NULL"
+							   " OR r.response_body IS NOT NULL"
+							   " OR r.response_raw_body IS NOT NULL"
+							   " OR r.response_sealed IS NOT NULL"
+							   " OR r.resource_id IS NOT NULL)",
+							   archive_sql);
 	}
 	PG_CATCH();
 	{
@@ -419,17 +439,19 @@ idem_maintenance_prepare(Oid extoid)
  * Prepare the three plans of a pass from its action (an UPDATE or DELETE
  * ending in "WHERE r.id = ANY ") and its selection (the locking SELECT of
  * the ids).  one_ids is the id list of the "one" plan, "$3" when NULL.
- * With archive (the WITH item archive_cte() makes), the ids are
+ * kept is true of a row the action has written as due as before (a row a
+ * BEFORE UPDATE trigger kept by returning OLD).  With archive (the WITH item archive_cte() makes), the ids are
  * picked once, in a WITH item both the copy and the action read.  The
  * plans already prepared stay in *pp when an error ends this half-way, for
  * the caller to free.
  */
 static void
 prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
-				   const char *one_ids, const char *archive)
+				   const char *one_ids, const char *kept, const char *archive)
 {
-	/* what count_pass_rows() reads (the state is the new one), and the id */
-	const char *returning = " RETURNING r.role, r.operation, r.state, r.id";
+	/* what count_pass_rows() reads (the state is the new one), the id, kept */
+	const char *returning = psprintf(" RETURNING r.role, r.operation, r.state, r.id, %s",
+									 kept);
 
 	if (one_ids == NULL)
 		one_ids = "$3";
@@ -568,9 +590,8 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 {
 	const PassDef *def = &pass_defs[run->pass];
 	Datum		values[PASS_NARGS];
-	uint64		processed;
+	PassOutcome out;
 	ErrorData  *edata;
-	int64	   *changed_ids;
 	int			picked;
 	int64		changed;
 	TimestampTz now;
@@ -607,30 +628,34 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 	values[3] = TimestampTzGetDatum(pass_cutoff(IDEM_PASS_CLEANUP, now));
 
 	if (execute_in_subtransaction(run->pass, plans[run->pass].batch, values,
-								  &processed, &changed_ids, &edata))
+								  &out, &edata))
 	{
+		int			found = (int) out.changed + out.nkept;
+		int			i;
 		int64		late = 0;
+
+		for (i = 0; i < out.nkept; i++)
+			set_aside(run, out.kept[i], NULL, values);
 
 		/*
 		 * Fewer rows than the limit: the end of the work, rows that a
-		 * trigger kept without an error (a BEFORE trigger returning NULL,
-		 * or OLD), which the next batch would pick first again, or rows
-		 * that became due after the batch's snapshot.  Look again.
+		 * trigger kept by returning NULL, which the next batch would pick
+		 * first again, or rows that became due after the batch's snapshot.
+		 * Look again.
 		 */
 		picked = 0;
-		if (processed < (uint64) limit)
+		if (found < limit)
 		{
-			values[1] = Int32GetDatum(limit - (int) processed);
-			late = redo_row_by_row(run, values, changed_ids, (int) processed,
-								   &picked);
+			values[1] = Int32GetDatum(limit - found);
+			late = redo_row_by_row(run, values, &picked);
 		}
-		*more = (processed >= (uint64) limit) || picked > 0;
-		return (int64) processed + late;
+		*more = found >= limit || picked > 0;
+		return (int64) out.changed + late;
 	}
 
 	/* a row of the batch failed: find it, and do the others */
 	FreeErrorData(edata);
-	changed = redo_row_by_row(run, values, NULL, 0, &picked);
+	changed = redo_row_by_row(run, values, &picked);
 	*more = (picked >= limit);
 	return changed;
 }
@@ -642,50 +667,42 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
  * stay locked by us whatever happens to the subtransactions.
  *
  * A row whose statement fails is set aside as a skipped record, and so is
- * one that a trigger keeps without an error: later batches go past it
- * instead of picking it first again and changing nothing, which stopped
- * the pass for good once a batch held nothing else.  Cleanup purges such
- * records (purge_refused()).  A trigger keeps a row by returning NULL (its
- * statement changes nothing) or OLD (the row is written again as it was,
- * and counted): after a short batch, a row found again that the batch
- * counted (changed_ids, nchanged of them) was kept so, and is not counted.
- * The rows found after a short batch are usually none, at the cost of one
- * more index probe at the end of a pass; a row that became due after the
- * batch's snapshot (committed while it ran) is changed here like any
- * other, not taken for one a trigger kept.  Returns the number of rows
- * changed, less those the batch counted and a trigger kept, and the number
+ * one that a trigger keeps without an error, by returning NULL (its
+ * statement changes nothing) or OLD (it writes the row as it was): later
+ * batches go past it instead of picking it first again and changing
+ * nothing, which stopped the pass for good once a batch held nothing else.
+ * Cleanup purges such records (purge_refused()).  After a short batch the
+ * rows found are usually none, at the cost of one more index probe at the
+ * end of a pass; a row that became due after the batch's snapshot
+ * (committed while it ran) is changed here like any other, not taken for
+ * one a trigger kept.  Returns the number of rows changed, and the number
  * of rows picked in *picked.
  */
 static int64
-redo_row_by_row(IdemPassRun *run, Datum *values, const int64 *changed_ids,
-				int nchanged, int *picked)
+redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 {
 	int64	   *ids;
 	int64		changed = 0;
 	int			n;
 	int			i;
 
+	/* the rows set aside so far, the batch's kept ones among them, stay out */
+	values[2] = ids_array(run->skipped, run->nskipped);
 	ids = pick_ids(run, values, &n);
 	for (i = 0; i < n; i++)
 	{
-		uint64		processed;
+		PassOutcome out;
 		ErrorData  *edata;
 
 		CHECK_FOR_INTERRUPTS();
-		if (id_listed(ids[i], changed_ids, nchanged))
-		{
-			set_aside(run, ids[i], NULL, values);
-			changed--;
-			continue;
-		}
 		values[2] = ids_array(&ids[i], 1);
 		if (!execute_in_subtransaction(run->pass, plans[run->pass].one, values,
-									   &processed, NULL, &edata))
+									   &out, &edata))
 			set_aside(run, ids[i], edata, values);
-		else if (processed == 0)
+		else if (out.changed == 0)
 			set_aside(run, ids[i], NULL, values);
 		else
-			changed += (int64) processed;
+			changed += (int64) out.changed;
 	}
 
 	*picked = n;
@@ -744,12 +761,13 @@ set_aside(IdemPassRun *run, int64 id, ErrorData *edata, Datum *values)
  * leaves a record that holds no response (a tombstone already) alone, so
  * that it is not rewritten at every run.  Returns whether the record is a
  * tombstone now, counting it in run->purged when it just became one; a
- * purge that fails too leaves the record as it is.
+ * purge that fails too, or that a trigger keeps, leaves the record as it
+ * is.
  */
 static bool
 purge_refused(IdemPassRun *run, int64 id, Datum *values)
 {
-	uint64		processed;
+	PassOutcome out;
 	ErrorData  *edata;
 
 	if (!pass_enabled(IDEM_PASS_PURGE))
@@ -757,13 +775,13 @@ purge_refused(IdemPassRun *run, int64 id, Datum *values)
 	Assert(plans[IDEM_PASS_PURGE].one != NULL);
 	values[2] = ids_array(&id, 1);
 	if (!execute_in_subtransaction(IDEM_PASS_PURGE, plans[IDEM_PASS_PURGE].one,
-								   values, &processed, NULL, &edata))
+								   values, &out, &edata))
 	{
 		FreeErrorData(edata);
 		return false;
 	}
-	run->purged += (int64) processed;
-	return true;
+	run->purged += (int64) out.changed;
+	return out.nkept == 0;
 }
 
 /*
@@ -843,49 +861,48 @@ record_key(int64 id)
 }
 
 /*
- * Run a plan of a pass and return the number of rows it changed, counted
- * in idem_stat_operations when the transaction commits.  With ids, *ids is
- * set to their ids, allocated in the current memory context.
+ * Run a plan of a pass: the rows it changed, counted in
+ * idem_stat_operations when the transaction commits, and those it kept
+ * (wrote as due as before), not counted, their ids allocated in the
+ * current memory context.
  */
-static uint64
+static void
 execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values,
-				  int64 **ids)
+				  PassOutcome *out)
 {
 	int			ret = SPI_execute_plan(plan, values, NULL, false, 0);
-	uint64		processed = SPI_processed;
 	uint64		i;
 
 	if (ret != pass_defs[pass].expected)
 		elog(ERROR, "idempotency maintenance statement failed: %s",
 			 SPI_result_code_string(ret));
-	count_pass_rows(pass);
-	if (ids != NULL)
+	out->changed = 0;
+	out->nkept = 0;
+	out->kept = palloc(sizeof(int64) * Max(SPI_processed, 1));
+	for (i = 0; i < SPI_processed; i++)
 	{
-		*ids = palloc(sizeof(int64) * Max(processed, 1));
-		for (i = 0; i < processed; i++)
-		{
-			bool		isnull;
+		bool		isnull;
 
-			(*ids)[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-													SPI_tuptable->tupdesc,
-													PASS_RETURNING_ID,
-													&isnull));
-		}
+		if (row_kept(SPI_tuptable->vals[i], SPI_tuptable->tupdesc))
+			out->kept[out->nkept++] =
+				DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+											SPI_tuptable->tupdesc,
+											PASS_RETURNING_ID, &isnull));
+		else
+			out->changed++;
 	}
+	count_pass_rows(pass);
 	SPI_freetuptable(SPI_tuptable);
-	return processed;
 }
 
-/* Whether id is one of the n ids of list. */
+/* Whether a row a pass statement returned was kept (written as due as before). */
 static bool
-id_listed(int64 id, const int64 *list, int n)
+row_kept(HeapTuple tuple, TupleDesc tupdesc)
 {
-	int			i;
+	bool		isnull;
+	Datum		kept = SPI_getbinval(tuple, tupdesc, PASS_RETURNING_KEPT, &isnull);
 
-	for (i = 0; i < n; i++)
-		if (list[i] == id)
-			return true;
-	return false;
+	return !isnull && DatumGetBool(kept);
 }
 
 /* Rows of a batch with the same role, operation and counter. */
@@ -923,7 +940,7 @@ count_pass_rows(IdemPass pass)
 		char	   *operation = SPI_getvalue(tuple, tupdesc, 2);
 		IdemStatCounter counter;
 
-		if (role == NULL || operation == NULL)
+		if (role == NULL || operation == NULL || row_kept(tuple, tupdesc))
 			continue;
 		if (pass == IDEM_PASS_LEASES)
 		{
@@ -967,16 +984,15 @@ count_pass_rows(IdemPass pass)
 }
 
 /*
- * Run a plan in a subtransaction of its own.  Returns true, with the number
- * of rows changed in *processed (and, with ids, their ids in *ids), when it
- * succeeded.  Returns false, with a
+ * Run a plan in a subtransaction of its own.  Returns true, with what it
+ * did in *out, when it succeeded.  Returns false, with a
  * copy of the error in *edata and the subtransaction rolled back, when it
  * failed with an error that concerns the rows it touched; any other error
  * is raised again.  As PL/pgSQL's exception blocks do.
  */
 static bool
 execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan, Datum *values,
-						  uint64 *processed, int64 **ids, ErrorData **edata)
+						  PassOutcome *out, ErrorData **edata)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
@@ -986,7 +1002,7 @@ execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan, Datum *values,
 	MemoryContextSwitchTo(oldcontext);
 	PG_TRY();
 	{
-		*processed = execute_pass_plan(pass, plan, values, ids);
+		execute_pass_plan(pass, plan, values, out);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;
