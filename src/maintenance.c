@@ -137,12 +137,13 @@ PG_FUNCTION_INFO_V1(idem_cleanup);
 /*
  * What a statement of a pass did: the rows it changed, and those it wrote
  * but left as due as before (a BEFORE UPDATE trigger returned OLD), which
- * count as kept, not changed.
+ * count as kept, not changed.  The ids are in the caller's memory context.
  */
 typedef struct PassOutcome
 {
 	uint64		changed;
-	int64	   *kept;			/* their ids, in the caller's memory context */
+	int64	   *changed_ids;
+	int64	   *kept;
 	int			nkept;
 } PassOutcome;
 
@@ -200,7 +201,9 @@ static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
 									  ErrorData **edata);
 static bool error_concerns_rows(int sqlerrcode);
 static bool row_kept(HeapTuple tuple, TupleDesc tupdesc);
-static int64 redo_row_by_row(IdemPassRun *run, Datum *values, int *picked);
+static bool id_listed(int64 id, const int64 *list, int n);
+static int64 redo_row_by_row(IdemPassRun *run, Datum *values,
+							 const PassOutcome *batch, int *picked);
 static int64 *pick_ids(IdemPassRun *run, Datum *values, int *n);
 static void set_aside(IdemPassRun *run, int64 id, ErrorData *edata,
 					  Datum *values);
@@ -647,7 +650,7 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 		if (found < limit)
 		{
 			values[1] = Int32GetDatum(limit - found);
-			late = redo_row_by_row(run, values, &picked);
+			late = redo_row_by_row(run, values, &out, &picked);
 		}
 		*more = found >= limit || picked > 0;
 		return (int64) out.changed + late;
@@ -655,7 +658,7 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 
 	/* a row of the batch failed: find it, and do the others */
 	FreeErrorData(edata);
-	changed = redo_row_by_row(run, values, &picked);
+	changed = redo_row_by_row(run, values, NULL, &picked);
 	*more = (picked >= limit);
 	return changed;
 }
@@ -671,15 +674,18 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
  * statement changes nothing) or OLD (it writes the row as it was): later
  * batches go past it instead of picking it first again and changing
  * nothing, which stopped the pass for good once a batch held nothing else.
- * Cleanup purges such records (purge_refused()).  After a short batch the
- * rows found are usually none, at the cost of one more index probe at the
- * end of a pass; a row that became due after the batch's snapshot
- * (committed while it ran) is changed here like any other, not taken for
- * one a trigger kept.  Returns the number of rows changed, and the number
- * of rows picked in *picked.
+ * Cleanup purges such records (purge_refused()).  After a short batch
+ * (what it did in *batch) the rows found are usually none, at the cost of
+ * one more index probe at the end of a pass; a row that became due after
+ * the batch's snapshot (committed while it ran) is changed here like any
+ * other, not taken for one a trigger kept.  A row the batch changed that
+ * is due again (an AFTER trigger undid the change) is set aside and not
+ * counted, rather than changed again.  Returns the number of rows changed,
+ * less those, and the number of rows picked in *picked.
  */
 static int64
-redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
+redo_row_by_row(IdemPassRun *run, Datum *values, const PassOutcome *batch,
+				int *picked)
 {
 	int64	   *ids;
 	int64		changed = 0;
@@ -695,6 +701,13 @@ redo_row_by_row(IdemPassRun *run, Datum *values, int *picked)
 		ErrorData  *edata;
 
 		CHECK_FOR_INTERRUPTS();
+		if (batch != NULL &&
+			id_listed(ids[i], batch->changed_ids, (int) batch->changed))
+		{
+			set_aside(run, ids[i], NULL, values);
+			changed--;
+			continue;
+		}
 		values[2] = ids_array(&ids[i], 1);
 		if (!execute_in_subtransaction(run->pass, plans[run->pass].one, values,
 									   &out, &edata))
@@ -878,21 +891,35 @@ execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values,
 			 SPI_result_code_string(ret));
 	out->changed = 0;
 	out->nkept = 0;
+	out->changed_ids = palloc(sizeof(int64) * Max(SPI_processed, 1));
 	out->kept = palloc(sizeof(int64) * Max(SPI_processed, 1));
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc,
+													 PASS_RETURNING_ID,
+													 &isnull));
 
 		if (row_kept(SPI_tuptable->vals[i], SPI_tuptable->tupdesc))
-			out->kept[out->nkept++] =
-				DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-											SPI_tuptable->tupdesc,
-											PASS_RETURNING_ID, &isnull));
+			out->kept[out->nkept++] = id;
 		else
-			out->changed++;
+			out->changed_ids[out->changed++] = id;
 	}
 	count_pass_rows(pass);
 	SPI_freetuptable(SPI_tuptable);
+}
+
+/* Whether id is one of the n ids of list. */
+static bool
+id_listed(int64 id, const int64 *list, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (list[i] == id)
+			return true;
+	return false;
 }
 
 /* Whether a row a pass statement returned was kept (written as due as before). */
