@@ -189,6 +189,7 @@ static void prepare_pass_plans(PassPlans *pp, const char *action,
 							   const char *selection, const char *one_ids,
 							   const char *kept, const char *archive);
 static char *archive_cte(const char *nsp);
+static char *holds_response(const char *alias);
 static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass, TimestampTz now);
 static bool pass_enabled(IdemPass pass);
@@ -202,6 +203,7 @@ static bool execute_in_subtransaction(IdemPass pass, SPIPlanPtr plan,
 static bool error_concerns_rows(int sqlerrcode);
 static bool row_kept(HeapTuple tuple, TupleDesc tupdesc);
 static bool id_listed(int64 id, const int64 *list, int n);
+static void free_outcome(PassOutcome *out);
 static int64 redo_row_by_row(IdemPassRun *run, Datum *values,
 							 const PassOutcome *batch, int *picked);
 static int64 *pick_ids(IdemPassRun *run, Datum *values, int *n);
@@ -393,33 +395,20 @@ idem_maintenance_prepare(Oid extoid)
 				"SELECT p.id FROM %s.idem_records AS p"
 				" WHERE p.state OPERATOR(pg_catalog.=) ANY"
 				"       ('{succeeded,failed,retryable}'::%s.idem_state[])"
-				"   AND (p.response_headers IS NOT NULL"
-				"        OR p.response_body IS NOT NULL"
-				"        OR p.response_raw_body IS NOT NULL"
-				"        OR p.response_sealed IS NOT NULL"
-				"        OR p.resource_id IS NOT NULL)"
+				"   AND %s"
 				"   AND p.expires_at OPERATOR(pg_catalog.<) $1"
 				"   AND p.expires_at OPERATOR(pg_catalog.>=) $4"
 				"   AND p.id OPERATOR(pg_catalog.<>) ALL ($3)"
 				" ORDER BY p.expires_at"
 				" LIMIT $2"
 				" FOR UPDATE SKIP LOCKED",
-				nsp, nsp),
+				nsp, nsp, holds_response("p")),
 							   psprintf(
 				"ARRAY(SELECT o.id FROM %s.idem_records AS o"
 				" WHERE o.id OPERATOR(pg_catalog.=) ANY ($3)"
-				"   AND (o.response_headers IS NOT NULL"
-				"        OR o.response_body IS NOT NULL"
-				"        OR o.response_raw_body IS NOT NULL"
-				"        OR o.response_sealed IS NOT NULL"
-				"        OR o.resource_id IS NOT NULL))",
-				nsp),
-							   "(r.response_headers IS NOT NULL"
-							   " OR r.response_body IS NOT NULL"
-							   " OR r.response_raw_body IS NOT NULL"
-							   " OR r.response_sealed IS NOT NULL"
-							   " OR r.resource_id IS NOT NULL)",
-							   archive_sql);
+				"   AND %s)",
+				nsp, holds_response("o")),
+							   holds_response("r"), archive_sql);
 	}
 	PG_CATCH();
 	{
@@ -443,8 +432,9 @@ idem_maintenance_prepare(Oid extoid)
  * ending in "WHERE r.id = ANY ") and its selection (the locking SELECT of
  * the ids).  one_ids is the id list of the "one" plan, "$3" when NULL.
  * kept is true of a row the action has written as due as before (a row a
- * BEFORE UPDATE trigger kept by returning OLD).  With archive (the WITH item archive_cte() makes), the ids are
- * picked once, in a WITH item both the copy and the action read.  The
+ * BEFORE UPDATE trigger kept by returning OLD).  With archive (the WITH
+ * item archive_cte() makes), the ids are picked once, in a WITH item both
+ * the copy and the action read.  The
  * plans already prepared stay in *pp when an error ends this half-way, for
  * the caller to free.
  */
@@ -480,6 +470,21 @@ prepare_pass_plans(PassPlans *pp, const char *action, const char *selection,
 			one_ids, archive, action, returning));
 	}
 	pp->pick = prepare_kept_plan(selection);
+}
+
+/*
+ * The condition that the record alias holds a response: that of
+ * idem_records_unpurged's predicate, word for word.
+ */
+static char *
+holds_response(const char *alias)
+{
+	return psprintf("(%s.response_headers IS NOT NULL"
+					" OR %s.response_body IS NOT NULL"
+					" OR %s.response_raw_body IS NOT NULL"
+					" OR %s.response_sealed IS NOT NULL"
+					" OR %s.resource_id IS NOT NULL)",
+					alias, alias, alias, alias, alias);
 }
 
 /*
@@ -653,6 +658,7 @@ idem_pass_batch(IdemPassRun *run, int limit, bool *more)
 			late = redo_row_by_row(run, values, &out, &picked);
 		}
 		*more = found >= limit || picked > 0;
+		free_outcome(&out);
 		return (int64) out.changed + late;
 	}
 
@@ -712,10 +718,13 @@ redo_row_by_row(IdemPassRun *run, Datum *values, const PassOutcome *batch,
 		if (!execute_in_subtransaction(run->pass, plans[run->pass].one, values,
 									   &out, &edata))
 			set_aside(run, ids[i], edata, values);
-		else if (out.changed == 0)
-			set_aside(run, ids[i], NULL, values);
 		else
+		{
+			if (out.changed == 0)
+				set_aside(run, ids[i], NULL, values);
 			changed += (int64) out.changed;
+			free_outcome(&out);
+		}
 	}
 
 	*picked = n;
@@ -794,6 +803,7 @@ purge_refused(IdemPassRun *run, int64 id, Datum *values)
 		return false;
 	}
 	run->purged += (int64) out.changed;
+	free_outcome(&out);
 	return out.nkept == 0;
 }
 
@@ -908,6 +918,16 @@ execute_pass_plan(IdemPass pass, SPIPlanPtr plan, Datum *values,
 	}
 	count_pass_rows(pass);
 	SPI_freetuptable(SPI_tuptable);
+}
+
+/* Free the id lists of a statement's outcome; its counts stay. */
+static void
+free_outcome(PassOutcome *out)
+{
+	pfree(out->changed_ids);
+	pfree(out->kept);
+	out->changed_ids = NULL;
+	out->kept = NULL;
 }
 
 /* Whether id is one of the n ids of list. */
