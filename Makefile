@@ -26,6 +26,14 @@ OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
 	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
 	src/derive.o
 
+# Pause points for the concurrency specs that hold a backend at a dangerous
+# point (src/test_pause.h): make IDEM_TEST_PAUSE=1, as scripts/test.sh builds
+OBJS += src/test_pause.o
+ifeq ($(IDEM_TEST_PAUSE),1)
+PG_CPPFLAGS += -DIDEM_TEST_PAUSE_POINTS
+ISOLATION += key_probe_race
+endif
+
 # Exact responses: encryption at rest through OpenSSL, which PostgreSQL
 # itself links
 OBJS += src/response_seal.o

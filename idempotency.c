@@ -25,6 +25,7 @@
 #include "rate_limit.h"
 #include "response_seal.h"
 #include "stat_operations.h"
+#include "test_pause.h"
 #include "worker.h"
 #include "worker_status.h"
 
@@ -68,6 +69,9 @@ _PG_init(void)
 {
 	idem_preloaded = process_shared_preload_libraries_in_progress;
 	define_settings();
+#ifdef IDEM_TEST_PAUSE_POINTS
+	idem_test_pause_define_settings();
+#endif
 	/* per backend: also when loaded by the first call */
 	idem_pending_install_hooks();
 

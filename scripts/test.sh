@@ -28,6 +28,10 @@ wanted() {
 }
 IDEM_WANTED=("$@")
 
+# Built with the pause points of the concurrency specs (src/test_pause.h);
+# make reads IDEM_TEST_PAUSE from the environment, installcheck included.
+export IDEM_TEST_PAUSE=1
+
 trap cleanup EXIT
 install_packages
 install_client_packages

@@ -115,7 +115,6 @@ static void invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue);
 static bool needs_query_memory(Node *node, void *context);
 static void refuse_transition_tables(IdemRecordWriter *w);
 static void fill_defaults(IdemRecordWriter *w);
-static Relation opened_index(IdemRecordWriter *w, Oid index_oid);
 
 /*
  * Open idem_records for one write: the table, its indexes, an executor
@@ -222,35 +221,6 @@ idem_writer_end(IdemRecordWriter *w)
 }
 
 /*
- * Whether the unique index index_oid holds an entry matching keys that is
- * live or being written, committed or not, visible to this transaction's
- * snapshot or not: what an INSERT of those keys would conflict with.  When
- * the row found is being inserted or deleted by another transaction that
- * has not ended, *writer is set to that transaction's id (as the dirty
- * snapshot reports it, as check_exclusion_or_unique_constraint reads it),
- * else to InvalidTransactionId.
- */
-bool
-idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid, ScanKey keys,
-					  int nkeys, TransactionId *writer)
-{
-	SnapshotData dirty;
-	IndexScanDesc scan;
-	bool		found;
-
-	InitDirtySnapshot(dirty);
-	scan = index_beginscan(w->rel, opened_index(w, index_oid), &dirty, nkeys, 0);
-	index_rescan(scan, keys, nkeys, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, w->old_slot);
-	index_endscan(scan);
-	ExecClearTuple(w->old_slot);
-	*writer = InvalidTransactionId;
-	if (found)
-		*writer = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
-	return found;
-}
-
-/*
  * The next value of the table's identity column.
  */
 int64
@@ -343,7 +313,7 @@ idem_writer_read(IdemRecordWriter *w, int64 id)
 
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
 	scan = index_beginscan(w->rel,
-						   opened_index(w, RelationGetPrimaryKeyIndex(w->rel)),
+						   idem_writer_index(w, RelationGetPrimaryKeyIndex(w->rel)),
 						   w->snapshot, 1, 0);
 	index_rescan(scan, &key, 1, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, w->old_slot);
@@ -739,8 +709,8 @@ needs_query_memory(Node *node, void *context)
 /*
  * One of the indexes idem_writer_begin opened.
  */
-static Relation
-opened_index(IdemRecordWriter *w, Oid index_oid)
+Relation
+idem_writer_index(IdemRecordWriter *w, Oid index_oid)
 {
 	int			i;
 

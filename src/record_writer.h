@@ -36,9 +36,7 @@ extern void idem_writer_begin(IdemRecordWriter *w);
 extern void idem_writer_start(IdemRecordWriter *w, CmdType operation,
 							  const AttrNumber *set_columns, int ncolumns);
 extern void idem_writer_end(IdemRecordWriter *w);
-extern bool idem_writer_key_taken(IdemRecordWriter *w, Oid index_oid,
-								  ScanKey keys, int nkeys,
-								  TransactionId *writer);
+extern Relation idem_writer_index(IdemRecordWriter *w, Oid index_oid);
 extern int64 idem_writer_next_id(IdemRecordWriter *w);
 extern Datum *idem_writer_new_row(IdemRecordWriter *w, bool **nulls,
 								  bool from_old);

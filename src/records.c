@@ -69,6 +69,7 @@
 #include "record_writer.h"
 #include "records.h"
 #include "response_seal.h"
+#include "test_pause.h"
 
 typedef enum RecordPlan
 {
@@ -154,11 +155,15 @@ static int	run_plan(RecordPlan which, Datum *values, const char *nulls);
 static bool reuse_needs_archive(void);
 static int	run_plan_once(RecordPlan which, Datum *values, const char *nulls);
 static void scope_keys(const IdemScope *scope, ScanKey keys);
-static bool key_taken(IdemRecordWriter *w, const IdemScope *scope,
-					  TransactionId *writer);
+static bool key_held(Relation heap, Relation index, const IdemScope *scope,
+					 TupleTableSlot *slot, TransactionId *writer);
+static bool key_being_written(Relation heap, Relation index, ScanKey keys,
+							  TupleTableSlot *slot, TransactionId *writer);
 static void refuse_claimed_since_snapshot(TransactionId writer);
 static bool scope_scan(Relation heap, const IdemScope *scope,
 					   Snapshot snapshot, TupleTableSlot *slot);
+static bool scan_key(Relation heap, Relation index, ScanKey keys,
+					 Snapshot snapshot, TupleTableSlot *slot);
 static void insert_row(IdemRecordWriter *w, const IdemScope *scope,
 					   const IdemAttemptStart *start, int64 id,
 					   const IdemResponse *response, TimestampTz now);
@@ -254,16 +259,30 @@ scope_scan(Relation heap, const IdemScope *scope, Snapshot snapshot,
 	const IdemCatalog *cat = idem_catalog();
 	ScanKeyData keys[IDEM_SCOPE_PARTS];
 	Relation	index;
-	IndexScanDesc scan;
 	bool		found;
 
 	scope_keys(scope, keys);
 	index = index_open(cat->scope_index_oid, AccessShareLock);
+	found = scan_key(heap, index, keys, snapshot, slot);
+	index_close(index, NoLock);
+	return found;
+}
+
+/*
+ * The first row version of keys that the unique index index finds under
+ * snapshot (an MVCC snapshot), into slot.
+ */
+static bool
+scan_key(Relation heap, Relation index, ScanKey keys, Snapshot snapshot,
+		 TupleTableSlot *slot)
+{
+	IndexScanDesc scan;
+	bool		found;
+
 	scan = index_beginscan(heap, index, snapshot, IDEM_SCOPE_PARTS, 0);
 	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	index_endscan(scan);
-	index_close(index, NoLock);
 	return found;
 }
 
@@ -349,7 +368,8 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 	idem_writer_begin(&w);
 	/* like INSERT ... ON CONFLICT DO NOTHING: a statement even if it skips */
 	idem_writer_start(&w, CMD_INSERT, NULL, 0);
-	if (key_taken(&w, scope, writer))
+	if (key_held(w.rel, idem_writer_index(&w, idem_catalog()->scope_index_oid),
+				 scope, w.old_slot, writer))
 	{
 		idem_writer_end(&w);
 		return false;
@@ -371,24 +391,21 @@ idem_record_claim_unwritten(const IdemScope *scope, int64 *id,
 							TransactionId *writer)
 {
 	const IdemCatalog *cat = idem_catalog();
-	SnapshotData dirty;
 	Relation	heap;
+	Relation	index;
 	TupleTableSlot *slot;
-	bool		taken;
+	bool		held;
 
 	/* the lock its insert will take: no DDL from others until it is written */
 	heap = table_open(cat->table_oid, RowExclusiveLock);
+	index = index_open(cat->scope_index_oid, RowExclusiveLock);
 	slot = table_slot_create(heap, NULL);
-	InitDirtySnapshot(dirty);
-	taken = scope_scan(heap, scope, &dirty, slot);
+	held = key_held(heap, index, scope, slot, writer);
 	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
 	table_close(heap, NoLock);
-	if (taken)
-	{
-		*writer = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
-		refuse_claimed_since_snapshot(*writer);
+	if (held)
 		return false;
-	}
 	*writer = InvalidTransactionId;
 	*id = nextval_internal(cat->id_sequence, false);
 	/* the claim proceeds: its record will commit with the transaction */
@@ -418,20 +435,71 @@ idem_record_write_claimed(const IdemScope *scope, const IdemAttemptStart *start,
 }
 
 /*
- * Whether the unique index holds the scope and key, for idem_record_insert.
+ * Whether a record of the scope and key exists that a new key's claim must
+ * not overlook: one that a transaction that has not ended is writing
+ * (*writer is then that transaction), or one committed (*writer is
+ * InvalidTransactionId; under REPEATABLE READ or SERIALIZABLE that is a
+ * serialization failure).  The caller holds the key lock.  slot is a slot
+ * of heap, left empty.
+ *
+ * This is the one place that decides a key is free (see the file header):
+ * the dirty probe finds every writer that has not ended, and the read
+ * under a snapshot taken after it every record committed before it ended,
+ * including one whose only index entry the probe saw was a version that a
+ * committed update replaced while the probe was reading.
  */
 static bool
-key_taken(IdemRecordWriter *w, const IdemScope *scope, TransactionId *writer)
+key_held(Relation heap, Relation index, const IdemScope *scope,
+		 TupleTableSlot *slot, TransactionId *writer)
 {
-	const IdemCatalog *cat = idem_catalog();
 	ScanKeyData keys[IDEM_SCOPE_PARTS];
+	Snapshot	latest;
+	bool		committed;
 
 	scope_keys(scope, keys);
-	if (!idem_writer_key_taken(w, cat->scope_index_oid, keys,
-							   IDEM_SCOPE_PARTS, writer))
+	(void) latest;
+	(void) committed;
+	if (!key_being_written(heap, index, keys, slot, writer))
 		return false;
 	refuse_claimed_since_snapshot(*writer);
 	return true;
+}
+
+/*
+ * Whether the unique index holds an entry of keys whose row is live or
+ * being written, committed or not, visible to this transaction's snapshot
+ * or not, judged by a dirty snapshot as check_exclusion_or_unique_constraint
+ * judges it.  When that row is being inserted or deleted by a transaction
+ * that has not ended, *writer is that transaction, else
+ * InvalidTransactionId.
+ */
+static bool
+key_being_written(Relation heap, Relation index, ScanKey keys,
+				  TupleTableSlot *slot, TransactionId *writer)
+{
+	SnapshotData dirty;
+	IndexScanDesc scan;
+	bool		found = false;
+
+	InitDirtySnapshot(dirty);
+	scan = index_beginscan(heap, index, &dirty, IDEM_SCOPE_PARTS, 0);
+	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
+	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
+	{
+		/* the leaf page has been read; its rows are checked one by one */
+		IDEM_TEST_PAUSE("key_probe");
+		if (index_fetch_heap(scan, slot))
+		{
+			found = true;
+			break;
+		}
+	}
+	index_endscan(scan);
+	ExecClearTuple(slot);
+	*writer = InvalidTransactionId;
+	if (found)
+		*writer = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+	return found;
 }
 
 /*
