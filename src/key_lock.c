@@ -14,9 +14,12 @@
  * committed, with that transaction's id, and the transaction's own lock
  * (the one XactLockTableWait waits on) says when it ends.
  *
- * The probe and the insert are not atomic, so a claim that is about to
- * insert first takes the key lock, without waiting, and gives it back as
- * soon as its row is in the unique index (or it decided not to insert).
+ * The probe alone does not decide that a key is free: records.c (key_held)
+ * says what does, and why this lock is taken only by claims that begin a
+ * record.  The probe and the insert are not atomic, so a claim that is
+ * about to insert first takes the key lock, without waiting, and gives it
+ * back as soon as its row is in the unique index (or it decided not to
+ * insert).
  * A claim whose record is written at its completion (pending_claim.c)
  * holds the lock until then: one lock per transaction at most.
  * Two claims of one key in the same microsecond thus never both insert:

@@ -18,6 +18,28 @@
  * updated.  A claim's insert first looks for a record of its key committed
  * since its read.
  *
+ * When a key is free.  A claim answers proceed for a new key only when no
+ * transaction, committed or not ended, holds a record of its scope and key,
+ * and key_held is the one place that decides it, for the insert and for
+ * the claim written at its completion alike, from three things in this
+ * order.  The key lock (key_lock.c), which every claim that begins a record
+ * of a key takes: no new record of the key can begin meanwhile.  A probe of
+ * the unique index under a dirty snapshot: it finds a record that a
+ * transaction that has not ended is inserting, updating or deleting, and
+ * names that transaction to wait for.  And a read under a snapshot taken
+ * after the probe: it finds every record committed before the probe ended.
+ * The probe alone is not enough.  An index scan reads a leaf page's entries
+ * first and checks their rows afterwards; a transaction that updates the
+ * record and commits in between (a completion, a heartbeat, the worker)
+ * leaves the probe only the version it replaced, dead, while the new
+ * version's entry was added to the page after it was read.  That
+ * transaction committed before the probe ended, so the later snapshot sees
+ * the new version, through the entry it added before it committed, as a
+ * dead version replaced by a committed update means: the key exists.
+ * Writers of existing records therefore need no lock of their own: they
+ * change versions of a record that the two reads between them always
+ * find.  Only beginning a record of a key takes the key lock.
+ *
  * Every read and write is confined to the calling role's records (the role
  * column, first in the unique index); only idem_resolve by an operator
  * reaches other roles' records.
@@ -457,10 +479,15 @@ key_held(Relation heap, Relation index, const IdemScope *scope,
 	bool		committed;
 
 	scope_keys(scope, keys);
-	(void) latest;
-	(void) committed;
 	if (!key_being_written(heap, index, keys, slot, writer))
-		return false;
+	{
+		latest = RegisterSnapshot(GetLatestSnapshot());
+		committed = scan_key(heap, index, keys, latest, slot);
+		ExecClearTuple(slot);
+		UnregisterSnapshot(latest);
+		if (!committed)
+			return false;
+	}
 	refuse_claimed_since_snapshot(*writer);
 	return true;
 }
