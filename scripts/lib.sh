@@ -15,7 +15,8 @@ IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 export PG_CONFIG
 
-IDEM_PACKAGES="make gcc libc6-dev libssl-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl"
+# (python3-psycopg2: the invariant checker of t/021_invariants.pl)
+IDEM_PACKAGES="make gcc libc6-dev libssl-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl python3 python3-psycopg2"
 
 # What the example clients (examples/python, node, java, go) need: Debian's
 # psycopg2 for Debian's python3; node with npm, javac and go (any that is on
@@ -36,6 +37,7 @@ as_postgres() {
     local envs=(PATH="$PATH" PG_CONFIG="$PG_CONFIG")
     [ -n "${PGHOST:-}" ] && envs+=(PGHOST="$PGHOST")
     [ -n "${PGPORT:-}" ] && envs+=(PGPORT="$PGPORT")
+    [ -n "${IDEM_INVARIANT_SECONDS:-}" ] && envs+=(IDEM_INVARIANT_SECONDS="$IDEM_INVARIANT_SECONDS")
     if [ "$(id -un)" = postgres ]; then
         env "${envs[@]}" "$@"
     elif [ "$(id -u)" -eq 0 ]; then
