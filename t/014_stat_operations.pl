@@ -5,8 +5,8 @@
 # restart and start from zero after a crash; a full table evicts the least
 # recently used entries and counts the evictions; operation names counted
 # in LATIN1 and SQL_ASCII databases read as valid text in a UTF8 database
-# (and the other way round), through upper(), convert_to(), a LATIN1
-# client and the exporter's query, also after a clean restart.
+# (and the other way round, and in EUC_JP), through upper(), convert_to(),
+# a LATIN1 client and the exporter's query, also after a clean restart.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -123,10 +123,15 @@ ok($node->safe_psql('appdb', 'SELECT evictions FROM idem_stat_operations_info') 
 
 # Operation names counted in databases of other encodings.  Each name is
 # shown converted to the encoding of the database that reads it; bytes that
-# are not valid there, and characters it lacks, as \xNN.  The names are
+# are not valid there, characters it lacks, and the bytes outside ASCII of
+# an encoding it has no conversion from, as \xNN.  The names are
 # written with E'' escapes so that the test's own bytes are ASCII.
 $node->safe_psql('appdb', 'SELECT idem_stat_reset()');
-for my $db (['enc_utf8', 'UTF8'], ['enc_latin1', 'LATIN1'], ['enc_ascii', 'SQL_ASCII'])
+for my $db (
+	['enc_utf8', 'UTF8'],
+	['enc_latin1', 'LATIN1'],
+	['enc_ascii', 'SQL_ASCII'],
+	['enc_eucjp', 'EUC_JP'])
 {
 	$node->safe_psql('postgres',
 		"CREATE DATABASE $db->[0] ENCODING '$db->[1]' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
@@ -188,6 +193,14 @@ is( query(
 			"CASE WHEN database = 'enc_latin1' THEN E'enc.caf\\xe9' ELSE operation END")),
 	$in_latin1,
 	'a LATIN1 database reads the names of UTF8 and SQL_ASCII databases as LATIN1');
+
+# EUC_JP has no conversion from LATIN1: the bytes outside ASCII are escaped.
+is( query(
+		'enc_eucjp',
+		"SELECT operation, convert_to(operation, 'UTF8') FROM idem_stat_operations"
+		  . " WHERE database = 'enc_latin1'"),
+	"enc.caf\\xe9|\\x656e632e6361665c786539",
+	'a database without a conversion from the name\'s encoding escapes its bytes');
 
 # A LATIN1 client of the UTF8 database.
 is( query(
