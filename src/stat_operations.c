@@ -25,8 +25,8 @@
  * table is shared by every database, so idem_stat_operations() shows each
  * name converted to the encoding of the database that reads it, and never
  * fails on one (operation_text): a byte that is not valid there (from a
- * SQL_ASCII database) and a character it lacks are shown as \xNN, the
- * character's bytes in hex.
+ * SQL_ASCII database), a character it lacks, and the bytes outside ASCII of
+ * an encoding it has no conversion from are shown as \xNN, in hex.
  *
  * What is counted when:
  *	 - a claim's answer (one counter per IdemOutcome) and its time, at once,
@@ -125,7 +125,7 @@ typedef struct StatShared
 	TimestampTz stats_reset;
 } StatShared;
 
-/* The conversion function from each encoding to the database's, once looked up. */
+/* The conversion from each encoding to the database's, once looked up. */
 typedef struct ConversionCache
 {
 	bool		looked_up[_PG_LAST_ENCODING_];
@@ -829,12 +829,12 @@ append_converted(StringInfo buf, const char *s, int len, int encoding,
 	Assert(len < STAT_OPERATION_LEN);
 	while (len > 0)
 	{
+		unsigned char *in = (unsigned char *) unconstify(char *, s);
 		int			done;
 
 		done = pg_do_encoding_conversion_buf(conversion, encoding,
-											 GetDatabaseEncoding(),
-											 (unsigned char *) unconstify(char *, s),
-											 len, out, sizeof(out), true);
+											 GetDatabaseEncoding(), in, len,
+											 out, sizeof(out), true);
 		appendStringInfoString(buf, (const char *) out);
 		s += done;
 		len -= done;
@@ -887,7 +887,8 @@ operation_text(const StatKey *key, ConversionCache *cache)
 		{
 			if (!cache->looked_up[encoding])
 			{
-				cache->proc[encoding] = FindDefaultConversionProc(encoding, here);
+				cache->proc[encoding] =
+					FindDefaultConversionProc(encoding, here);
 				cache->looked_up[encoding] = true;
 			}
 			conversion = cache->proc[encoding];
