@@ -20,6 +20,14 @@
  * least 10) are evicted to make room, and the evictions are counted
  * (idem_stat_operations_info).
  *
+ * An operation is kept as the bytes its database holds, with that
+ * database's encoding, as pg_stat_statements keeps its query texts.  The
+ * table is shared by every database, so idem_stat_operations() shows each
+ * name converted to the encoding of the database that reads it, and never
+ * fails on one (operation_text): a byte that is not valid there (from a
+ * SQL_ASCII database), a character it lacks, and the bytes outside ASCII of
+ * an encoding it has no conversion from are shown as \xNN, in hex.
+ *
  * What is counted when:
  *	 - a claim's answer (one counter per IdemOutcome) and its time, at once,
  *	   through idem_stat_count_claim(): the client was given that answer,
@@ -45,6 +53,7 @@
 #include <unistd.h>
 
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_authid.h"
 #include "common/hashfn.h"
 #include "fmgr.h"
@@ -65,7 +74,12 @@
 #include "stat_operations.h"
 
 #define STAT_DUMP_FILE	PGSTAT_STAT_PERMANENT_DIRECTORY "/idem_stat_operations.stat"
-#define STAT_FILE_HEADER	0x49445331	/* "IDS1" */
+/*
+ * The dump file's first four bytes: a new value whenever what is written
+ * changes (StatEntry, or the header's fields), so that a file of another
+ * version is ignored.  "IDS2": the key holds its encoding.
+ */
+#define STAT_FILE_HEADER	0x49445332	/* "IDS2" */
 #define STAT_LWLOCK_TRANCHE	"idempotency stat_operations"
 
 /* Longest operation name kept, in bytes; longer ones are cut. */
@@ -78,13 +92,16 @@
  * What an entry is counted for.  Compared as bytes: zero-padded.  An
  * operation longer than the buffer is kept cut, with a hash of its whole
  * name (zero for the names that fit), so that two operations sharing their
- * first bytes are still counted apart.
+ * first bytes are still counted apart.  encoding is that of the database,
+ * which the operation's bytes are in: it follows from dbid, but a database
+ * dropped and made again under the same OID may have another.
  */
 typedef struct StatKey
 {
 	Oid			dbid;
 	Oid			userid;
 	uint32		ophash;
+	int32		encoding;
 	char		operation[STAT_OPERATION_LEN];
 } StatKey;
 
@@ -107,6 +124,13 @@ typedef struct StatShared
 	int64		evictions;
 	TimestampTz stats_reset;
 } StatShared;
+
+/* The conversion from each encoding to the database's, once looked up. */
+typedef struct ConversionCache
+{
+	bool		looked_up[_PG_LAST_ENCODING_];
+	Oid			proc[_PG_LAST_ENCODING_];	/* InvalidOid: there is none */
+} ConversionCache;
 
 /* A write counted when its transaction commits. */
 typedef struct PendingCount
@@ -157,6 +181,7 @@ static void pending_subxact_callback(SubXactEvent event,
 									 void *arg);
 static void require_stat_area(void);
 static IdemStatCounter outcome_counter(IdemOutcome outcome);
+static text *operation_text(const StatKey *key, ConversionCache *cache);
 
 /*
  * Install the shared-memory hooks.  Called from _PG_init while
@@ -239,8 +264,8 @@ stat_shmem_startup(void)
 }
 
 /*
- * Hash of a key: the two OIDs and the operation up to its end, not the
- * whole zero-padded buffer.
+ * Hash of a key: the two OIDs, the hash and the encoding, and the
+ * operation up to its end, not the whole zero-padded buffer.
  */
 static uint32
 stat_key_hash(const void *key, Size keysize pg_attribute_unused())
@@ -254,8 +279,9 @@ stat_key_hash(const void *key, Size keysize pg_attribute_unused())
 }
 
 /*
- * The key of the current database, a role and an operation (oplen bytes,
- * cut at a character boundary to fit, with the hash of the whole name).
+ * The key of the current database, a role and an operation (oplen bytes of
+ * the database's encoding, cut at a character boundary to fit, with the
+ * hash of the whole name).
  */
 static void
 make_key(StatKey *key, Oid userid, const char *operation, int oplen)
@@ -263,6 +289,7 @@ make_key(StatKey *key, Oid userid, const char *operation, int oplen)
 	memset(key, 0, sizeof(StatKey));
 	key->dbid = MyDatabaseId;
 	key->userid = userid;
+	key->encoding = GetDatabaseEncoding();
 	if (oplen >= STAT_OPERATION_LEN)
 	{
 		/* never zero, the hash of the names that fit */
@@ -628,8 +655,9 @@ error:
 
 /*
  * Whether an entry read from the file is one this build could have written:
- * its operation ends with a zero inside its buffer and the rest of the
- * buffer is zero (keys are compared as bytes and hashed up to the zero).
+ * its encoding is a server encoding, its operation ends with a zero inside
+ * its buffer and the rest of the buffer is zero (keys are compared as bytes
+ * and hashed up to the zero).
  */
 static bool
 entry_is_valid(const StatEntry *entry)
@@ -637,7 +665,7 @@ entry_is_valid(const StatEntry *entry)
 	const char *op = entry->key.operation;
 	const char *end = memchr(op, '\0', STAT_OPERATION_LEN);
 
-	if (end == NULL)
+	if (!PG_VALID_BE_ENCODING(entry->key.encoding) || end == NULL)
 		return false;
 	while (++end < op + STAT_OPERATION_LEN)
 		if (*end != '\0')
@@ -750,10 +778,145 @@ require_stat_area(void)
 }
 
 /*
+ * Append bytes as \xNN each.
+ */
+static void
+append_escaped(StringInfo buf, const char *s, int len)
+{
+	int			i;
+
+	for (i = 0; i < len; i++)
+		appendStringInfo(buf, "\\x%02x", (unsigned char) s[i]);
+}
+
+/*
+ * Append bytes that need no conversion, each byte that does not begin a
+ * valid character of the current database's encoding escaped.
+ */
+static void
+append_verified(StringInfo buf, const char *s, int len)
+{
+	int			encoding = GetDatabaseEncoding();
+
+	while (len > 0)
+	{
+		int			valid = pg_encoding_verifymbstr(encoding, s, len);
+
+		appendBinaryStringInfo(buf, s, valid);
+		s += valid;
+		len -= valid;
+		if (len > 0)
+		{
+			append_escaped(buf, s, 1);
+			s++;
+			len--;
+		}
+	}
+}
+
+/*
+ * Append bytes of another encoding converted by a conversion function:
+ * each character it cannot convert (or byte that is not a character of the
+ * source encoding) escaped.  len is less than STAT_OPERATION_LEN, so that
+ * the conversion is never cut short for lack of room.
+ */
+static void
+append_converted(StringInfo buf, const char *s, int len, int encoding,
+				 Oid conversion)
+{
+	unsigned char out[STAT_OPERATION_LEN * MAX_CONVERSION_GROWTH + 1];
+
+	Assert(len < STAT_OPERATION_LEN);
+	while (len > 0)
+	{
+		unsigned char *in = (unsigned char *) unconstify(char *, s);
+		int			done;
+
+		done = pg_do_encoding_conversion_buf(conversion, encoding,
+											 GetDatabaseEncoding(), in, len,
+											 out, sizeof(out), true);
+		appendStringInfoString(buf, (const char *) out);
+		s += done;
+		len -= done;
+		if (len > 0)
+		{
+			int			charlen = pg_encoding_verifymbchar(encoding, s, len);
+
+			if (charlen < 1)
+				charlen = 1;
+			append_escaped(buf, s, charlen);
+			s += charlen;
+			len -= charlen;
+		}
+	}
+}
+
+/*
+ * The operation of an entry, as text of the current database's encoding.
+ * Never fails: what cannot be shown as a character is shown as \xNN.
+ *	 - Of the same encoding, or when either is SQL_ASCII (whose bytes have
+ *	   no known encoding), the bytes are kept as they are, those that are not
+ *	   valid here escaped: PostgreSQL's own rule for SQL_ASCII
+ *	   (pg_do_encoding_conversion).
+ *	 - Else they are converted by the default conversion between the two
+ *	   encodings, the characters that this encoding lacks escaped.  Without
+ *	   such a conversion, every byte outside ASCII (which all server
+ *	   encodings share) is escaped.
+ * cache holds the conversion functions looked up by one call of
+ * idem_stat_operations().
+ */
+static text *
+operation_text(const StatKey *key, ConversionCache *cache)
+{
+	const char *s = key->operation;
+	int			len = strlen(s);
+	int			encoding = key->encoding;
+	int			here = GetDatabaseEncoding();
+	StringInfoData buf;
+	text	   *result;
+	int			i;
+
+	initStringInfo(&buf);
+	if (encoding == here || encoding == PG_SQL_ASCII || here == PG_SQL_ASCII)
+		append_verified(&buf, s, len);
+	else
+	{
+		Oid			conversion = InvalidOid;
+
+		if (PG_VALID_BE_ENCODING(encoding))
+		{
+			if (!cache->looked_up[encoding])
+			{
+				cache->proc[encoding] =
+					FindDefaultConversionProc(encoding, here);
+				cache->looked_up[encoding] = true;
+			}
+			conversion = cache->proc[encoding];
+		}
+		if (OidIsValid(conversion))
+			append_converted(&buf, s, len, encoding, conversion);
+		else
+		{
+			for (i = 0; i < len; i++)
+			{
+				if (IS_HIGHBIT_SET(s[i]))
+					append_escaped(&buf, s + i, 1);
+				else
+					appendStringInfoChar(&buf, s[i]);
+			}
+		}
+	}
+	result = cstring_to_text_with_len(buf.data, buf.len);
+	pfree(buf.data);
+	return result;
+}
+
+/*
  * idem_stat_operations() returns setof record: the counters of every
  * (database, role, operation) the calling role may see: its own, or all of
  * them with the privileges of pg_read_all_stats.  No rows without the
- * preload.
+ * preload.  The entries are copied under the lock, and their names
+ * converted (which may read the catalog) once it is released.
  */
 Datum
 idem_stat_operations(PG_FUNCTION_ARGS)
@@ -763,6 +926,10 @@ idem_stat_operations(PG_FUNCTION_ARGS)
 	bool		see_all;
 	HASH_SEQ_STATUS hash_seq;
 	StatEntry  *entry;
+	StatEntry  *rows;
+	long		nrows = 0;
+	long		r;
+	ConversionCache cache;
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (rsinfo->setDesc->natts != STAT_COLUMNS)
@@ -773,34 +940,48 @@ idem_stat_operations(PG_FUNCTION_ARGS)
 	see_all = has_privs_of_role(userid, ROLE_PG_READ_ALL_STATS);
 
 	LWLockAcquire(stat_shared->lock, LW_SHARED);
+	/* entries are added under the lock exclusive only: the count holds */
+	rows = MemoryContextAllocHuge(CurrentMemoryContext,
+								  Max(hash_get_num_entries(stat_hash), 1) *
+								  sizeof(StatEntry));
 	hash_seq_init(&hash_seq, stat_hash);
 	while ((entry = hash_seq_search(&hash_seq)) != NULL)
 	{
-		Datum		values[STAT_COLUMNS];
-		bool		nulls[STAT_COLUMNS];
-		int64		counters[IDEM_STAT_NUM_COUNTERS];
-		int64		claim_time_us;
-		int			col = 0;
-		int			i;
+		StatEntry  *row;
 
 		if (!see_all && entry->key.userid != userid)
 			continue;
+		row = &rows[nrows++];
+		row->key = entry->key;
 		SpinLockAcquire(&entry->mutex);
-		memcpy(counters, entry->counters, sizeof(counters));
-		claim_time_us = entry->claim_time_us;
+		memcpy(row->counters, entry->counters, sizeof(row->counters));
+		row->claim_time_us = entry->claim_time_us;
 		SpinLockRelease(&entry->mutex);
-
-		memset(nulls, false, sizeof(nulls));
-		values[col++] = ObjectIdGetDatum(entry->key.dbid);
-		values[col++] = ObjectIdGetDatum(entry->key.userid);
-		values[col++] = CStringGetTextDatum(entry->key.operation);
-		for (i = 0; i < IDEM_STAT_NUM_COUNTERS; i++)
-			values[col++] = Int64GetDatum(counters[i]);
-		values[col++] = Float8GetDatum((double) claim_time_us / 1000.0);
-		values[col++] = TimestampTzGetDatum(entry->stats_since);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		row->stats_since = entry->stats_since;
 	}
 	LWLockRelease(stat_shared->lock);
+
+	memset(&cache, 0, sizeof(cache));
+	for (r = 0; r < nrows; r++)
+	{
+		StatEntry  *row = &rows[r];
+		Datum		values[STAT_COLUMNS];
+		bool		nulls[STAT_COLUMNS];
+		int			col = 0;
+		int			i;
+
+		memset(nulls, false, sizeof(nulls));
+		values[col++] = ObjectIdGetDatum(row->key.dbid);
+		values[col++] = ObjectIdGetDatum(row->key.userid);
+		values[col++] = PointerGetDatum(operation_text(&row->key, &cache));
+		for (i = 0; i < IDEM_STAT_NUM_COUNTERS; i++)
+			values[col++] = Int64GetDatum(row->counters[i]);
+		values[col++] = Float8GetDatum((double) row->claim_time_us / 1000.0);
+		values[col++] = TimestampTzGetDatum(row->stats_since);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		pfree(DatumGetPointer(values[2]));
+	}
+	pfree(rows);
 	return (Datum) 0;
 }
 

@@ -1,8 +1,9 @@
 # The file idem_stat_operations' counters are saved to at a clean shutdown
 # is read back at start only when it is whole and of this build's format: a
-# truncated file, an entry whose operation is not a terminated name, or a
-# file of another entry size is logged and ignored, and none of its entries
-# is kept.  A valid file still loads.
+# truncated file, an entry whose operation is not a terminated name, a file
+# of another entry size or of the previous version (entries without their
+# encoding) is logged and ignored, and none of its entries is kept.  A
+# valid file still loads.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -76,5 +77,12 @@ for my $i (0 .. $n - 1)
 ($got, $log) = start_with($longer);
 is($got, '0', 'a file of another entry size loads no entry');
 like($log, qr/ignoring invalid file/, 'another entry size is logged');
+
+# The previous version's header ("IDS1": entries without their encoding).
+my $old = $saved;
+substr($old, 0, 4) = pack('L', 0x49445331);
+($got, $log) = start_with($old);
+is($got, '0', 'a file of the previous version loads no entry');
+like($log, qr/ignoring invalid file/, 'a file of the previous version is logged');
 
 done_testing();
