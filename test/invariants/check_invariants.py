@@ -26,8 +26,9 @@ once.  After the run it checks:
   3. every replay of a record returns the same body, the one stored by the
      attempt or the resolution that finished it;
   4. nothing else failed: the only errors are serialization failures and
-     deadlocks (40001, 40P01), and 55000 for a token or a resolution that
-     another writer made stale.
+     deadlocks (40001, 40P01), 55000 for a token or a resolution that
+     another writer made stale, and 42704 for a resolution of a 'brief'
+     record that another operator resolved and cleanup deleted meanwhile.
 
 It prints one line per invariant, "ok" or "FAILED" with examples, and a
 closing "N passed, N failed" line; the exit status is 0 only when all hold.
@@ -50,6 +51,7 @@ KEY_GENERATION = 300
 LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 RETRIABLE = {"40001", "40P01"}
 STALE = "55000"
+GONE = "42704"
 
 
 def canonical(body):
@@ -148,6 +150,10 @@ class Client(threading.Thread):
             return
         if code == STALE and where in ("token", "resolve"):
             self.log.count("stale tokens and resolutions")
+            return
+        if code == GONE and where == "resolve":
+            # resolved by another operator, expired and deleted meanwhile
+            self.log.count("resolutions of records deleted since")
             return
         self.log.error(where, err)
 
