@@ -26,8 +26,9 @@
  * of a key takes: no new record of the key can begin meanwhile.  A probe of
  * the unique index under a dirty snapshot: it finds a record that a
  * transaction that has not ended is inserting, updating or deleting, and
- * names that transaction to wait for.  And a read under a snapshot taken
- * after the probe: it finds every record committed before the probe ended.
+ * names that transaction to wait for.  And, when the probe met entries of
+ * the key whose rows it did not see, a read under a snapshot taken after
+ * the probe: it finds every record committed before the probe ended.
  * The probe alone is not enough.  An index scan reads a leaf page's entries
  * first and checks their rows afterwards; a transaction that updates the
  * record and commits in between (a completion, a heartbeat, the worker)
@@ -180,7 +181,8 @@ static void scope_keys(const IdemScope *scope, ScanKey keys);
 static bool key_held(Relation heap, Relation index, const IdemScope *scope,
 					 TupleTableSlot *slot, TransactionId *writer);
 static bool key_being_written(Relation heap, Relation index, ScanKey keys,
-							  TupleTableSlot *slot, TransactionId *writer);
+							  TupleTableSlot *slot, TransactionId *writer,
+							  bool *saw_entries);
 static void refuse_claimed_since_snapshot(TransactionId writer);
 static bool scope_scan(Relation heap, const IdemScope *scope,
 					   Snapshot snapshot, TupleTableSlot *slot);
@@ -468,7 +470,11 @@ idem_record_write_claimed(const IdemScope *scope, const IdemAttemptStart *start,
  * the dirty probe finds every writer that has not ended, and the read
  * under a snapshot taken after it every record committed before it ended,
  * including one whose only index entry the probe saw was a version that a
- * committed update replaced while the probe was reading.
+ * committed update replaced while the probe was reading.  That read is
+ * needed only when the probe found entries of the key whose rows it did
+ * not see: a scan finds every entry that was in the index when it began,
+ * so with none, no version of the key existed then, and none was begun
+ * since, under the key lock.  A new key costs the probe alone.
  */
 static bool
 key_held(Relation heap, Relation index, const IdemScope *scope,
@@ -477,10 +483,13 @@ key_held(Relation heap, Relation index, const IdemScope *scope,
 	ScanKeyData keys[IDEM_SCOPE_PARTS];
 	Snapshot	latest;
 	bool		committed;
+	bool		saw_entries;
 
 	scope_keys(scope, keys);
-	if (!key_being_written(heap, index, keys, slot, writer))
+	if (!key_being_written(heap, index, keys, slot, writer, &saw_entries))
 	{
+		if (!saw_entries)
+			return false;
 		latest = RegisterSnapshot(GetLatestSnapshot());
 		committed = scan_key(heap, index, keys, latest, slot);
 		ExecClearTuple(slot);
@@ -498,11 +507,13 @@ key_held(Relation heap, Relation index, const IdemScope *scope,
  * or not, judged by a dirty snapshot as check_exclusion_or_unique_constraint
  * judges it.  When that row is being inserted or deleted by a transaction
  * that has not ended, *writer is that transaction, else
- * InvalidTransactionId.
+ * InvalidTransactionId.  *saw_entries says whether the index held any entry
+ * of keys, whatever its row.
  */
 static bool
 key_being_written(Relation heap, Relation index, ScanKey keys,
-				  TupleTableSlot *slot, TransactionId *writer)
+				  TupleTableSlot *slot, TransactionId *writer,
+				  bool *saw_entries)
 {
 	SnapshotData dirty;
 	IndexScanDesc scan;
@@ -511,8 +522,10 @@ key_being_written(Relation heap, Relation index, ScanKey keys,
 	InitDirtySnapshot(dirty);
 	scan = index_beginscan(heap, index, &dirty, IDEM_SCOPE_PARTS, 0);
 	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
+	*saw_entries = false;
 	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
 	{
+		*saw_entries = true;
 		/* the leaf page has been read; its rows are checked one by one */
 		IDEM_TEST_PAUSE("key_probe");
 		if (index_fetch_heap(scan, slot))
