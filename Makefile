@@ -69,6 +69,13 @@ include $(PGXS)
 # the project's headers changes.
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
 
+# A build outside the source tree (make -f SRC/Makefile VPATH=SRC, as
+# pg_buildext builds build-<version>) writes the objects of src/ into a
+# src/ of its own.
+ifdef VPATH
+$(shell mkdir -p src)
+endif
+
 # The three suites against an installed server, each run even when another
 # fails: make installcheck-all (README, "Running the tests against your own
 # server").  PGXS's installcheck stops at the first failing suite.
@@ -79,3 +86,20 @@ installcheck-all:
 	$(MAKE) installcheck REGRESS= TAP_TESTS= || status=1; \
 	$(MAKE) installcheck REGRESS= ISOLATION= || status=1; \
 	exit $$status
+
+# The Debian package, postgresql-<version>-idempotency for each PostgreSQL
+# version in debian/pgversions, built by dpkg-buildpackage in a clean copy
+# of the tree (dpkg-buildpackage writes next to the folder it builds, and
+# cleans it): the .deb files land in build-deb/.  Needs debhelper,
+# postgresql-server-dev-all and dpkg-dev (README, "Install the package").
+.PHONY: deb
+deb:
+	rm -rf build-deb
+	mkdir -p build-deb/src
+	tar -C $(srcdir) --exclude-vcs --exclude=./build-deb --exclude='./build-[0-9]*' \
+		--exclude='*.o' --exclude='*.so' --exclude='*.bc' --exclude=results \
+		--exclude=output_iso --exclude=tmp_check --exclude=log --exclude=node_modules \
+		--exclude=__pycache__ -cf - . | tar -C build-deb/src -xf -
+	cd build-deb/src && dpkg-buildpackage -us -uc -b
+	rm -rf build-deb/src
+	@ls build-deb/*.deb
