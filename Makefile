@@ -55,7 +55,8 @@ REGRESS += rate_limit rate_limit_attack
 REGRESS += upgrade exact_replay
 
 # Batches and consumers: idem_inbox, idem_claim_many, no lock per key
-# (claim_prepared needs max_prepared_transactions > 0)
+# (claim_prepared tests prepared transactions where max_prepared_transactions
+# > 0; expected/claim_prepared_1.out is its output where it is 0)
 REGRESS += inbox claim_many
 ISOLATION += claim_many_keys claim_prepared
 ISOLATION += maintenance_skip_locked maintenance_late_commit expiry_races expiry_races_archive takeover_wait inbox_races isolation_claim_pending claim_many_cancel
@@ -79,13 +80,20 @@ endif
 # The three suites against an installed server, each run even when another
 # fails: make installcheck-all (README, "Running the tests against your own
 # server").  PGXS's installcheck stops at the first failing suite.
+# Ends with a line "installcheck-all: N of 3 suites failed (...)".
 .PHONY: installcheck-all
 installcheck-all:
-	@status=0; \
-	$(MAKE) installcheck ISOLATION= TAP_TESTS= || status=1; \
-	$(MAKE) installcheck REGRESS= TAP_TESTS= || status=1; \
-	$(MAKE) installcheck REGRESS= ISOLATION= || status=1; \
-	exit $$status
+	@failed=; \
+	$(MAKE) installcheck ISOLATION= TAP_TESTS= || failed="$$failed regress"; \
+	$(MAKE) installcheck REGRESS= TAP_TESTS= || failed="$$failed isolation"; \
+	$(MAKE) installcheck REGRESS= ISOLATION= || failed="$$failed tap"; \
+	if [ -z "$$failed" ]; then \
+		echo "installcheck-all: the 3 suites (regress, isolation, tap) passed"; \
+	else \
+		set -- $$failed; \
+		echo "installcheck-all: $$# of 3 suites failed ($$*): see regression.diffs, output_iso/regression.diffs, tmp_check/log/"; \
+		exit 1; \
+	fi
 
 # The Debian package, postgresql-<version>-idempotency for each PostgreSQL
 # version in debian/pgversions, built by dpkg-buildpackage in a clean copy
