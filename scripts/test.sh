@@ -259,14 +259,9 @@ run_pgbouncer() {
         kill -0 "$pid" || { echo exited; return; }
         pgb_sql pgbouncer -c 'SHOW VERSION' | grep -q '^PgBouncer ' && echo started
     }
-    # Debian's package starts its own service where systemd runs: a
-    # pgbouncer this script installed is stopped and disabled again.
-    local had_pgbouncer=1
-    dpkg-query -W -f='${Status}' pgbouncer 2>/dev/null | grep -q 'install ok installed' || had_pgbouncer=0
-    if install_packages pgbouncer && [ "$had_pgbouncer" = 0 ] && [ -d /run/systemd/system ]; then
-        as_root systemctl disable --now pgbouncer >/dev/null 2>&1 || true
-    fi
-    if ! install_packages pgbouncer || ! port=$(free_port); then
+    # Debian's package starts and enables its own service: installed by
+    # install_service_packages, it is neither started nor left enabled.
+    if ! install_service_packages pgbouncer || ! port=$(free_port); then
         pgb_check "pgbouncer installed" yes no
         failed_suites+=(pgbouncer)
         return 0
