@@ -90,7 +90,8 @@ install_service_packages() {
             case $f in
                 /lib/systemd/system/*@.*) ;;
                 /lib/systemd/system/*.service | /lib/systemd/system/*.socket | /lib/systemd/system/*.timer)
-                    as_root deb-systemd-helper disable "${f##*/}" >/dev/null 2>&1 || true ;;
+                    # (systemctl disables a unit also where systemd does not run)
+                    as_root systemctl --no-reload disable "${f##*/}" >/dev/null 2>&1 || true ;;
                 /etc/init.d/*)
                     as_root update-rc.d "${f##*/}" disable >/dev/null 2>&1 || true ;;
             esac
