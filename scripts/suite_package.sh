@@ -114,9 +114,15 @@ run_package_suite() {
         port=
         fail() { echo "package: $*"; exit 1; }
         stop_all() {
+            local pid
             if [ -n "$port" ] && [ -x "$root/usr/bin/pg_ctlcluster" ]; then
                 in_root "$root" pg_ctlcluster 15 main stop -m fast >/dev/null 2>&1 \
                     || in_root "$root" pg_ctlcluster 15 main stop -m immediate >/dev/null 2>&1 || true
+                # a server that would not stop: the postmaster the suite started
+                pid=$(head -n 1 "$root/var/lib/postgresql/15/main/postmaster.pid" 2>/dev/null) || true
+                if [ -n "$pid" ] && [ "$(readlink "/proc/$pid/root")" = "$root" ]; then
+                    kill -KILL "$pid" 2>/dev/null || true
+                fi
             fi
             pkg_umount "$root" 2>/dev/null || true
             if mountpoint -q "$root/proc" || mountpoint -q "$root/dev/shm"; then
@@ -154,8 +160,11 @@ run_package_suite() {
         in_root "$root" bash -euxc 'cd /root/idempotency && . /root/install.sh' </dev/null >"$dir/install.log" 2>&1 \
             || { tail -n 40 "$dir/install.log"; fail "the README's install lines failed"; }
         echo "package: the README's lines built and installed the package in $((SECONDS - start)) s"
+        # the version of debian/changelog, and the control file's default_version
+        version=$(sed -nE '1s/^[^ ]+ \(([^)]+)\).*/\1/p' "$IDEM_ROOT/debian/changelog")
+        extversion=$(sed -nE "s/^default_version = '(.*)'$/\1/p" "$IDEM_ROOT/idempotency.control")
         v=$(in_root "$root" dpkg-query -W -f='${Version} ${Status}' postgresql-15-idempotency)
-        [ "$v" = "1.1.0-1 install ok installed" ] \
+        [ "$v" = "$version install ok installed" ] \
             || fail "dpkg-query postgresql-15-idempotency: '$v'"
         echo "package: dpkg-query postgresql-15-idempotency: $v"
 
@@ -182,9 +191,9 @@ run_package_suite() {
         }
         got=$(psql_in -d appdb -c 'SHOW shared_preload_libraries' -c 'SHOW idempotency.database' \
             -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" 2>&1 | tr '\n' '|')
-        want="pg_stat_statements, idempotency|appdb|1.1|"
+        want="pg_stat_statements, idempotency|appdb|$extversion|"
         [ "$got" = "$want" ] || { cat "$dir/steps.log"; fail "after the README's steps: got '$got', expected '$want'"; }
-        echo "package: the README's steps kept pg_stat_statements, preloaded idempotency, made appdb with the extension 1.1"
+        echo "package: the README's steps kept pg_stat_statements, preloaded idempotency, made appdb with the extension $extversion"
 
         # 4. claims as app, over TCP with its password, as in step 5
         got=$(in_root "$root" env PGPASSWORD=app-password psql -X -q -At -v ON_ERROR_STOP=1 \
