@@ -60,5 +60,39 @@ print(m["version"], m["provides"]["idempotency"]["version"])' "$r/META.json")"
         "$(echo "$v" | tr 'A-Z' 'a-z' | tr ' ' '\n' | sed '/^$/d' | sort -u | tr '\n' ' ')"
     rel_check "debian/copyright: License: PostgreSQL for the project's files" "PostgreSQL" \
         "$(awk '/^Files: \*$/ { f = 1 } f && /^License:/ { print $2; exit }' "$r/debian/copyright")"
+    rel_check "README.md and docs/: every code block the suites do not run begins with a comment excerpt" "" \
+        "$(rel_unmarked_blocks "$r")"
     [ "$rel_failed" = 0 ] || failed_suites+=(release)
+}
+
+# The code blocks (with a language) of README.md and docs/*.md that neither
+# a suite runs as written (the README's sections named below) nor begin
+# with a comment "excerpt", as FILE:LINE.
+rel_unmarked_blocks() {
+    (cd "$1" && python3 - README.md docs/*.md <<'PY'
+import re, sys
+run = {"README.md": {"Install the package",                        # package
+                     "Preload the library, create the extension",  # package
+                     "Walkthrough", "Uninstalling"}}               # walkthrough
+for path in sys.argv[1:]:
+    heading, fence, first, start = None, None, False, 0
+    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+        m = re.match(r"^ *```(\w*)\s*$", line)
+        if m and fence is None:
+            fence, first, start = m.group(1), True, n
+            continue
+        if m:
+            fence = None
+            continue
+        if fence is None:
+            h = re.match(r"^#+ (.*)", line)
+            if h:
+                heading = h.group(1).strip()
+            continue
+        if first and fence:
+            first = False
+            if not re.match(r"^ *(#|--|//|;) excerpt\b", line) and heading not in run.get(path, ()):
+                print(f"{path}:{start}", end=" ")
+PY
+    )
 }
