@@ -99,7 +99,7 @@ installcheck-all:
 # version in debian/pgversions, built by dpkg-buildpackage in a clean copy
 # of the tree (dpkg-buildpackage writes next to the folder it builds, and
 # cleans it): the .deb files land in build-deb/.  Needs debhelper,
-# postgresql-server-dev-all and dpkg-dev (README, "Install the package").
+# postgresql-server-dev-all and build-essential (README, "Install the package").
 .PHONY: deb
 deb:
 	rm -rf build-deb
