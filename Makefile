@@ -63,7 +63,8 @@ REGRESS += rate_limit rate_limit_attack
 REGRESS += upgrade exact_replay
 
 # Batches and consumers: idem_inbox, idem_claim_many, no lock per key
-# (claim_prepared needs max_prepared_transactions > 0)
+# (claim_prepared tests prepared transactions where max_prepared_transactions
+# > 0; expected/claim_prepared_1.out is its output where it is 0)
 REGRESS += inbox claim_many
 ISOLATION += claim_many_keys claim_prepared
 ISOLATION += maintenance_skip_locked maintenance_late_commit expiry_races expiry_races_archive takeover_wait inbox_races isolation_claim_pending claim_many_cancel
@@ -77,13 +78,44 @@ include $(PGXS)
 # the project's headers changes.
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
 
+# A build outside the source tree (make -f SRC/Makefile VPATH=SRC, as
+# pg_buildext builds build-<version>) writes the objects of src/ into a
+# src/ of its own.
+ifdef VPATH
+$(shell mkdir -p src)
+endif
+
 # The three suites against an installed server, each run even when another
 # fails: make installcheck-all (README, "Running the tests against your own
 # server").  PGXS's installcheck stops at the first failing suite.
+# Ends with a line "installcheck-all: N of 3 suites failed (...)".
 .PHONY: installcheck-all
 installcheck-all:
-	@status=0; \
-	$(MAKE) installcheck ISOLATION= TAP_TESTS= || status=1; \
-	$(MAKE) installcheck REGRESS= TAP_TESTS= || status=1; \
-	$(MAKE) installcheck REGRESS= ISOLATION= || status=1; \
-	exit $$status
+	@failed=; \
+	$(MAKE) installcheck ISOLATION= TAP_TESTS= || failed="$$failed regress"; \
+	$(MAKE) installcheck REGRESS= TAP_TESTS= || failed="$$failed isolation"; \
+	$(MAKE) installcheck REGRESS= ISOLATION= || failed="$$failed tap"; \
+	if [ -z "$$failed" ]; then \
+		echo "installcheck-all: the 3 suites (regress, isolation, tap) passed"; \
+	else \
+		set -- $$failed; \
+		echo "installcheck-all: $$# of 3 suites failed ($$*): see regression.diffs, output_iso/regression.diffs, tmp_check/log/"; \
+		exit 1; \
+	fi
+
+# The Debian package, postgresql-<version>-idempotency for each PostgreSQL
+# version in debian/pgversions, built by dpkg-buildpackage in a clean copy
+# of the tree (dpkg-buildpackage writes next to the folder it builds, and
+# cleans it): the .deb files land in build-deb/.  Needs debhelper,
+# postgresql-server-dev-all and build-essential (README, "Install the package").
+.PHONY: deb
+deb:
+	rm -rf build-deb
+	mkdir -p build-deb/src
+	tar -C $(srcdir) --exclude-vcs --exclude=./build-deb --exclude='./build-[0-9]*' \
+		--exclude='*.o' --exclude='*.so' --exclude='*.bc' --exclude=results \
+		--exclude=output_iso --exclude=tmp_check --exclude=log --exclude=node_modules \
+		--exclude=__pycache__ -cf - . | tar -C build-deb/src -xf -
+	cd build-deb/src && env -u IDEM_TEST_PAUSE dpkg-buildpackage -us -uc -b
+	rm -rf build-deb/src
+	@ls build-deb/*.deb

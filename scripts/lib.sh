@@ -69,19 +69,36 @@ install_packages() {
 # (RabbitMQ, Prometheus and its exporter): Debian starts a package's
 # service on install unless /usr/sbin/policy-rc.d says no, so when there is
 # none, one that refuses every start is put there for the install, and
-# removed afterwards (by cleanup, if the install is interrupted).
+# removed afterwards (by cleanup, if the install is interrupted).  Debian
+# also enables the services at boot: those of every package this install
+# added (dependencies too, epmd's say) are disabled again, as systemd units
+# and as init scripts.  The packages stay installed.
 install_service_packages() {
-    local policy=/usr/sbin/policy-rc.d status=0
+    local policy=/usr/sbin/policy-rc.d status=0 before p f
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\n# idempotency scripts/lib.sh: no service starts during its install\nexit 101\n' \
             | as_root tee "$policy" >/dev/null && as_root chmod 755 "$policy" \
             && IDEM_POLICY_RC=$policy
     fi
+    before=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' | awk '$1 == "ii" { print $2 }')
     install_packages "$@" || status=$?
     if [ -n "${IDEM_POLICY_RC:-}" ]; then
         as_root rm -f "$IDEM_POLICY_RC"
         IDEM_POLICY_RC=
     fi
+    for p in $(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' | awk '$1 == "ii" { print $2 }' \
+            | grep -vxF -f <(echo "$before")); do
+        for f in $(dpkg -L "$p" 2>/dev/null); do
+            case $f in
+                /lib/systemd/system/*@.*) ;;
+                /lib/systemd/system/*.service | /lib/systemd/system/*.socket | /lib/systemd/system/*.timer)
+                    # (systemctl disables a unit also where systemd does not run)
+                    as_root systemctl --no-reload disable "${f##*/}" >/dev/null 2>&1 || true ;;
+                /etc/init.d/*)
+                    as_root update-rc.d "${f##*/}" disable >/dev/null 2>&1 || true ;;
+            esac
+        done
+    done
     return "$status"
 }
 

@@ -9,15 +9,18 @@
 # any failure with the diffs printed.  Works as root or as a user with sudo.
 #
 #   bash scripts/test.sh                    every suite
-#   bash scripts/test.sh regress tap        only the suites named (regress,
-#                                           isolation, tap, walkthrough,
-#                                           clients, sharding, consumer,
-#                                           exporter, and those listed below)
+#   bash scripts/test.sh regress tap        only the suites named (those of
+#                                           IDEM_SUITES; another name is an
+#                                           error)
 #   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
 #       bash scripts/test.sh regress tap    only these tests of a suite
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/suite_exporter.sh"
+. "$(dirname "$0")/suite_package.sh"
+. "$(dirname "$0")/suite_release.sh"
+
+IDEM_SUITES="regress isolation tap walkthrough clients sharding consumer exporter package release"
 
 # wanted NAME: whether the suite NAME was asked for (all when none was).
 wanted() {
@@ -27,6 +30,13 @@ wanted() {
     return 1
 }
 IDEM_WANTED=("$@")
+for suite in "$@"; do
+    case " $IDEM_SUITES " in
+        *" $suite "*) ;;
+        *) echo "scripts/test.sh: no suite \"$suite\"; the suites are: $IDEM_SUITES" >&2
+           exit 2 ;;
+    esac
+done
 
 # Built with the pause points of the concurrency specs (src/test_pause.h);
 # make reads IDEM_TEST_PAUSE from the environment, installcheck included.
@@ -34,7 +44,12 @@ export IDEM_TEST_PAUSE=1
 
 trap cleanup EXIT
 install_packages
-install_client_packages
+# The example clients' languages only for the suites that run them.
+if wanted clients; then
+    install_client_packages
+elif wanted sharding || wanted consumer; then
+    install_packages python3 python3-psycopg2
+fi
 build_and_install
 make_workdir
 # The worker serves "postgres" only, so that it never touches the records
@@ -98,7 +113,32 @@ run_walkthrough() {
     failed_suites+=(walkthrough)
     failed=$((failed + 1))
 }
-wanted walkthrough && run_walkthrough
+# Then the README's "Uninstalling" block, as written, in the walkthrough's
+# database: the records are kept, as text where the extension had types.
+run_uninstall() {
+    local bindir out=$IDEM_TMP/uninstall.out sql=$IDEM_TMP/uninstall.sql got
+    local want="3|succeeded|0"
+    bindir=$("$PG_CONFIG" --bindir)
+    sed -n '/^## Uninstalling/,/^## /p' "$IDEM_ROOT/README.md" |
+        awk '/^```sql$/ { code = 1; next } /^```$/ { code = 0 } code' >"$sql"
+    chmod 644 "$sql"
+    if as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d appdb -f "$sql" >"$out" 2>&1 &&
+        got=$(as_postgres "$bindir/psql" -X -At -d appdb -c "SELECT count(*) || '|' ||
+                (SELECT state FROM idem_records_saved WHERE key = 'key-001') || '|' ||
+                (SELECT count(*) FROM pg_extension WHERE extname = 'idempotency')
+                FROM idem_records_saved" 2>>"$out") &&
+        [ "$got" = "$want" ]; then
+        echo "uninstall (README.md) ... ok"
+        passed=$((passed + 1))
+        return
+    fi
+    cat "$out"
+    echo "uninstall: got \"${got:-}\", expected \"$want\""
+    echo "uninstall (README.md) ... FAILED"
+    failed_suites+=(walkthrough)
+    failed=$((failed + 1))
+}
+wanted walkthrough && run_walkthrough && run_uninstall
 
 # The example clients: each test starts its HTTP service on 127.0.0.1 and
 # sends it real requests.  They run as the invoking user, from a copy of
@@ -223,14 +263,9 @@ run_pgbouncer() {
         kill -0 "$pid" || { echo exited; return; }
         pgb_sql pgbouncer -c 'SHOW VERSION' | grep -q '^PgBouncer ' && echo started
     }
-    # Debian's package starts its own service where systemd runs: a
-    # pgbouncer this script installed is stopped and disabled again.
-    local had_pgbouncer=1
-    dpkg-query -W -f='${Status}' pgbouncer 2>/dev/null | grep -q 'install ok installed' || had_pgbouncer=0
-    if install_packages pgbouncer && [ "$had_pgbouncer" = 0 ] && [ -d /run/systemd/system ]; then
-        as_root systemctl disable --now pgbouncer >/dev/null 2>&1 || true
-    fi
-    if ! install_packages pgbouncer || ! port=$(free_port); then
+    # Debian's package starts and enables its own service: installed by
+    # install_service_packages, it is neither started nor left enabled.
+    if ! install_service_packages pgbouncer || ! port=$(free_port); then
         pgb_check "pgbouncer installed" yes no
         failed_suites+=(pgbouncer)
         return 0
@@ -364,6 +399,12 @@ wanted exporter && run_exporter_suite
 
 # The RabbitMQ consumer (examples/consumer) against a private broker.
 wanted consumer && . "$IDEM_ROOT/scripts/suite_consumer.sh"
+
+# The Debian package, installed on a fresh Debian 12 (scripts/suite_package.sh).
+wanted package && run_package_suite
+
+# Release 1.1.0: the version is the same everywhere (scripts/suite_release.sh).
+wanted release && run_release_suite
 
 # On failure, show what failed and nothing else: the diffs of the failed
 # pg_regress and isolation tests, and the logs of the failed TAP files (a
