@@ -66,6 +66,7 @@
 #include "catalog.h"
 #include "idempotency.h"
 #include "pending_claim.h"
+#include "pg_compat.h"
 #include "record_writer.h"
 #include "records.h"
 #include "response_seal.h"
@@ -259,7 +260,7 @@ scope_scan(Relation heap, const IdemScope *scope, Snapshot snapshot,
 
 	scope_keys(scope, keys);
 	index = index_open(cat->scope_index_oid, AccessShareLock);
-	scan = index_beginscan(heap, index, snapshot, IDEM_SCOPE_PARTS, 0);
+	scan = index_beginscan_compat(heap, index, snapshot, IDEM_SCOPE_PARTS, 0);
 	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	index_endscan(scan);

@@ -37,6 +37,7 @@
 #include "utils/memutils.h"
 
 #include "idempotency.h"
+#include "pg_compat.h"
 #include "response_seal.h"
 #include "sha256.h"
 
@@ -69,7 +70,7 @@ static const SealKey *previous_key = NULL;
 static void parse_key_into(const char *hex, SealKey *key);
 static void append_part(StringInfo buf, const void *data, uint32 len);
 static const char *read_part(const char **p, const char *end, uint32 *len);
-static void raise_openssl_failure(const char *what) pg_attribute_noreturn();
+pg_noreturn static void raise_openssl_failure(const char *what);
 static char *key_id_hex(const uint8 *id);
 
 /*
