@@ -95,6 +95,28 @@ install_client_packages() {
     install_packages $pkgs
 }
 
+# cached_postgres MAJOR: the pg_config of the newest finished build of
+# PostgreSQL MAJOR that scripts/build_postgres.sh keeps, or nothing.
+cached_postgres() {
+    local dir found=
+    for dir in "${IDEM_PG_CACHE:-/var/cache/idempotency}/postgresql-$1".*; do
+        [ -f "$dir/.idempotency-built" ] && [ -x "$dir/bin/pg_config" ] \
+            && found=$dir/bin/pg_config
+    done
+    echo "$found"
+}
+
+# pg_config_for MAJOR: the pg_config of PostgreSQL MAJOR: Debian's when it is
+# packaged here (15), else one built from source by scripts/build_postgres.sh
+# (kept, so that only the first run builds it).
+pg_config_for() {
+    if [ -x "/usr/lib/postgresql/$1/bin/pg_config" ]; then
+        echo "/usr/lib/postgresql/$1/bin/pg_config"
+    else
+        bash "$IDEM_ROOT/scripts/build_postgres.sh" "$1"
+    fi
+}
+
 # Build and install the extension into the PostgreSQL of $PG_CONFIG.
 # with_llvm=no: JIT bitcode is not needed and would require clang.
 build_and_install() {
