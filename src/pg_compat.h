@@ -40,6 +40,17 @@
 #define pg_noreturn pg_attribute_noreturn()
 #endif
 
+/*
+ * 16: settings live in a memory context of their own, where a check hook
+ * allocates its extra with guc_malloc (guc_free releases it, with pfree);
+ * before, with malloc (released with free).
+ */
+#if PG_VERSION_NUM >= 160000
+#define guc_malloc_compat(size) guc_malloc(LOG, (size))
+#else
+#define guc_malloc_compat(size) malloc(size)
+#endif
+
 /* 16: pg_class_ownercheck gave way to object_ownercheck. */
 #if PG_VERSION_NUM >= 160000
 #define pg_class_ownercheck_compat(relid, roleid) \

@@ -117,8 +117,8 @@ idem_check_encryption_key(char **newval, void **extra, GucSource source)
 		GUC_check_errhint("Generate one with: openssl rand -hex 32");
 		return false;
 	}
-	/* the GUC machinery frees extra with free() */
-	key = (SealKey *) malloc(sizeof(SealKey));
+	/* the GUC machinery frees extra itself */
+	key = (SealKey *) guc_malloc_compat(sizeof(SealKey));
 	if (key == NULL)
 	{
 		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
