@@ -40,12 +40,14 @@ install_packages make gcc libc6-dev libssl-dev zlib1g-dev bison flex perl \
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-pg.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/lists/partial" "$work/archives/partial" "$work/src"
+mkdir -p "$work/lists/partial" "$work/archives/partial" "$work/cache" "$work/src"
 echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror unstable main" \
     >"$work/sources.list"
+# (lists and caches in the temporary folder too: nothing of the system's
+# apt state is written, and a user with sudo runs it as well as root)
 apt_private=(-o "Dir::Etc::sourcelist=$work/sources.list" -o "Dir::Etc::sourceparts=-"
-    -o "Dir::State::Lists=$work/lists" -o "Dir::Cache::archives=$work/archives"
-    -o "APT::Sandbox::User=root")
+    -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
+    -o "Dir::Cache::archives=$work/archives" -o "APT::Sandbox::User=$(id -un)")
 
 log "fetching the source of postgresql-$major from Debian unstable"
 apt-get "${apt_private[@]}" -qq update >&2
@@ -63,7 +65,8 @@ cd "$srcdir"
 ./configure --prefix="$prefix" --with-openssl --without-icu --without-readline \
     --enable-tap-tests >"$work/configure.log" 2>&1 \
     || { tail -n 40 "$work/configure.log" >&2; exit 1; }
-rm -rf "$prefix"
+as_root rm -rf "$prefix"
+as_root install -d -o "$(id -u)" -g "$(id -g)" "$prefix"
 for dir in . contrib src/test/isolation src/test/perl; do
     make -s -j"$jobs" -C "$dir" >"$work/make.log" 2>&1 \
         || { tail -n 40 "$work/make.log" >&2; exit 1; }
