@@ -6,7 +6,8 @@ DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql
 PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
-REGRESS = setup claim pending_claim state_machine bad_input table_changes
+REGRESS = setup claim pending_claim pending_partition state_machine bad_input \
+	table_changes
 REGRESS_OPTS = --inputdir=$(srcdir) --encoding=UTF8
 ISOLATION = plain_insert_blocks claim_concurrent claim_external isolation_levels
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency

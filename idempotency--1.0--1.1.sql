@@ -207,6 +207,26 @@ BEGIN
 END
 $update$;
 
+-- PostgreSQL 17 and later also record the roles named in pg_init_privs in
+-- pg_shdepend: the grants made again above, no longer initial privileges,
+-- leave those entries too, or DROP ROLE of a grantee would be refused
+-- ("initial privileges for function ...").  15 and 16 record none.
+DELETE FROM pg_catalog.pg_shdepend d
+ WHERE d.dbid = (SELECT oid FROM pg_catalog.pg_database
+                  WHERE datname = pg_catalog.current_database())
+   AND d.classid = 'pg_catalog.pg_proc'::regclass
+   AND d.deptype = 'i'
+   AND d.objid IN (SELECT e.objid FROM pg_catalog.pg_depend e
+                    WHERE e.classid = 'pg_catalog.pg_proc'::regclass
+                      AND e.refclassid = 'pg_catalog.pg_extension'::regclass
+                      AND e.refobjid = (SELECT oid FROM pg_catalog.pg_extension
+                                         WHERE extname = 'idempotency')
+                      AND e.deptype = 'e')
+   AND NOT EXISTS (SELECT FROM pg_catalog.pg_init_privs i,
+                               pg_catalog.aclexplode(i.initprivs) a
+                    WHERE i.objoid = d.objid AND i.classoid = d.classid
+                      AND d.refobjid IN (a.grantee, a.grantor));
+
 COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
     'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown or expired';
 

@@ -38,6 +38,7 @@ as_postgres() {
     [ -n "${PGHOST:-}" ] && envs+=(PGHOST="$PGHOST")
     [ -n "${PGPORT:-}" ] && envs+=(PGPORT="$PGPORT")
     [ -n "${IDEM_INVARIANT_SECONDS:-}" ] && envs+=(IDEM_INVARIANT_SECONDS="$IDEM_INVARIANT_SECONDS")
+    [ -n "${IDEM_UPGRADE_FROM:-}" ] && envs+=(IDEM_UPGRADE_FROM="$IDEM_UPGRADE_FROM")
     if [ "$(id -un)" = postgres ]; then
         env "${envs[@]}" "$@"
     elif [ "$(id -u)" -eq 0 ]; then
@@ -114,11 +115,47 @@ install_client_packages() {
     install_packages $pkgs
 }
 
+# cached_postgres MAJOR: the pg_config of the newest finished build of
+# PostgreSQL MAJOR that scripts/build_postgres.sh keeps, or nothing.
+cached_postgres() {
+    local dir found=
+    for dir in "${IDEM_PG_CACHE:-/var/cache/idempotency}/postgresql-$1".*; do
+        [ -f "$dir/.idempotency-built" ] && [ -x "$dir/bin/pg_config" ] \
+            && found=$dir/bin/pg_config
+    done
+    echo "$found"
+}
+
+# pg_config_for MAJOR: the pg_config of PostgreSQL MAJOR: $PG_CONFIG_<MAJOR>
+# when it is set (PG_CONFIG_18=/opt/pg18/bin/pg_config, say), else Debian's
+# for 15 (install_packages installs it) or any other installed, else one
+# built from source by scripts/build_postgres.sh (kept, so that only the
+# first run builds it).
+pg_config_for() {
+    local own=PG_CONFIG_$1
+    if [ -n "${!own:-}" ]; then
+        echo "${!own}"
+    elif [ "$1" = 15 ] || [ -x "/usr/lib/postgresql/$1/bin/pg_config" ]; then
+        echo "/usr/lib/postgresql/$1/bin/pg_config"
+    else
+        bash "$IDEM_ROOT/scripts/build_postgres.sh" "$1"
+    fi
+}
+
 # Build and install the extension into the PostgreSQL of $PG_CONFIG.
 # with_llvm=no: JIT bitcode is not needed and would require clang.
+# The objects are built in the source tree: when they were built against
+# another PostgreSQL (the file .built-with says which), they are removed
+# first.
 build_and_install() {
-    log "building"
+    local stamp=$IDEM_ROOT/.built-with built_with
+    built_with="$PG_CONFIG $("$PG_CONFIG" --version)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$built_with" ]; then
+        make -s -C "$IDEM_ROOT" PG_CONFIG="$PG_CONFIG" clean >/dev/null
+    fi
+    log "building against $("$PG_CONFIG" --version)"
     make -s -C "$IDEM_ROOT" PG_CONFIG="$PG_CONFIG" with_llvm=no >/dev/null
+    echo "$built_with" >"$stamp"
     log "installing into $("$PG_CONFIG" --pkglibdir)"
     as_root make -s -C "$IDEM_ROOT" PG_CONFIG="$PG_CONFIG" with_llvm=no install >/dev/null
 }

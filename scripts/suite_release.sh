@@ -11,7 +11,7 @@
 # The SQL scripts of released versions.
 IDEM_RELEASED_SQL="
 c8a1ecf7c8ad078401d47528904e5c1d12a65258b722daf38258c0637b8b69a4  idempotency--1.0.sql
-da0608754afb8e4a412fd8013deccfa1e634d1d93a596a9bf2c9b19f1fbe46cc  idempotency--1.0--1.1.sql
+e34bd1a7252673bea1947187e951bfca019440c50f28c9e9cad7a1352333ea3b  idempotency--1.0--1.1.sql
 "
 
 run_release_suite() {

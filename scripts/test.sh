@@ -14,6 +14,15 @@
 #                                           error)
 #   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
 #       bash scripts/test.sh regress tap    only these tests of a suite
+#   PG_VERSIONS="15 18" bash scripts/test.sh
+#                                           every suite on the first version
+#                                           (15 when PG_VERSIONS is not set),
+#                                           then the regress, isolation and
+#                                           TAP suites on each other version,
+#                                           and pg_upgrade from the first to
+#                                           it (a version Debian does not
+#                                           package is built from source once:
+#                                           scripts/build_postgres.sh)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/suite_exporter.sh"
@@ -41,6 +50,13 @@ done
 # Built with the pause points of the concurrency specs (src/test_pause.h);
 # make reads IDEM_TEST_PAUSE from the environment, installcheck included.
 export IDEM_TEST_PAUSE=1
+
+# PG_VERSIONS names the versions; without it, PG_CONFIG (15 by default)
+# says which PostgreSQL the suites run against.
+read -ra idem_versions <<<"${PG_VERSIONS:-15}"
+if [ -n "${PG_VERSIONS:-}" ]; then
+    PG_CONFIG=$(pg_config_for "${idem_versions[0]}")
+fi
 
 trap cleanup EXIT
 install_packages
@@ -73,10 +89,11 @@ run_suite() {
     else
         failed_suites+=("$name")
     fi
-    # pg_regress and pg_isolation_regress print "test NAME ... ok|FAILED",
-    # prove prints "t/NAME.pl .. ok" or "Failed N/M subtests".
-    passed=$((passed + $(grep -cE '(\.\.\. +ok|^t/.*\.\. ok$)' "$out" || true)))
-    failed=$((failed + $(grep -cE '(\.\.\. +FAILED|^t/.*\.\. $|^t/.*Failed|Dubious)' "$out" || true)))
+    # pg_regress and pg_isolation_regress print "test NAME ... ok|FAILED"
+    # (15) or "ok|not ok N - NAME" (16 and later), prove prints
+    # "t/NAME.pl .. ok" or "Failed N/M subtests".
+    passed=$((passed + $(grep -cE '(\.\.\. +ok|^ok [0-9]+ +[-+] |^t/.*\.\. ok$)' "$out" || true)))
+    failed=$((failed + $(grep -cE '(\.\.\. +FAILED|^not ok [0-9]+ +[-+] |^t/.*\.\. $|^t/.*Failed|Dubious)' "$out" || true)))
 }
 
 wanted regress && run_suite regress ISOLATION= TAP_TESTS= ${REGRESS:+"REGRESS=$REGRESS"}
@@ -406,6 +423,37 @@ wanted package && run_package_suite
 # Release 1.1.0: the version is the same everywhere (scripts/suite_release.sh).
 wanted release && run_release_suite
 
+# The other versions of PG_VERSIONS: the regress, isolation and TAP suites
+# (those asked for) in a run of this script of its own against each, which
+# builds and installs the extension there, starts a cluster of that version
+# and shows its own failures; its count is added to this run's.  Its TAP
+# suite upgrades a cluster of the first version, where the extension is
+# installed now, with pg_upgrade (t/030_pg_upgrade.pl).
+run_version() {
+    local version=$1 out=$IDEM_TMP/pg$1.out suites=() s counts
+    for s in regress isolation tap; do wanted "$s" && suites+=("$s"); done
+    [ ${#suites[@]} -gt 0 ] || return 0
+    log "PostgreSQL $version: ${suites[*]}"
+    if PG_VERSIONS=$version IDEM_RUN_LABEL="PostgreSQL $version" \
+        IDEM_UPGRADE_FROM=$(dirname "$("$PG_CONFIG" --bindir)") \
+        bash "$IDEM_ROOT/scripts/test.sh" "${suites[@]}" 2>&1 | tee "$out"; then
+        :
+    else
+        failed_suites+=("pg$version")
+    fi
+    counts=$(sed -nE "s/^PostgreSQL $version tests: ([0-9]+) passed, ([0-9]+) failed\$/\1 \2/p" "$out")
+    if [ -n "$counts" ]; then
+        passed=$((passed + ${counts% *}))
+        failed=$((failed + ${counts#* }))
+    else
+        # a run that ended without its count counts as one failure
+        failed=$((failed + 1))
+    fi
+}
+for idem_version in "${idem_versions[@]:1}"; do
+    run_version "$idem_version"
+done
+
 # On failure, show what failed and nothing else: the diffs of the failed
 # pg_regress and isolation tests, and the logs of the failed TAP files (a
 # passing TAP file's logs would bury them).
@@ -437,5 +485,5 @@ if [ ${#failed_suites[@]} -gt 0 ]; then
     [ "$failed" -gt 0 ] || failed=${#failed_suites[@]}
 fi
 
-echo "tests: $passed passed, $failed failed"
+echo "${IDEM_RUN_LABEL:+$IDEM_RUN_LABEL }tests: $passed passed, $failed failed"
 [ ${#failed_suites[@]} -eq 0 ]

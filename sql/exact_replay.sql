@@ -162,10 +162,11 @@ SELECT token AS t FROM idem_claim('exact', 'plain-again') \gset
 SELECT idem_complete(:'t', 200, '{"a": 1}');
 SELECT response_body, response_sealed IS NULL AS not_sealed FROM idem_records WHERE key = 'plain-again';
 
--- Other roles cannot read or set the keys.
+-- Other roles cannot read or set the keys.  (Reading, 42501: the message
+-- is PostgreSQL's, worded differently by each version.)
 CREATE ROLE regress_exact_reader;
 SET ROLE regress_exact_reader;
-SELECT pg_temp.error_of('SHOW idempotency.encryption_key');
+SELECT split_part(pg_temp.error_of('SHOW idempotency.encryption_key'), ' ', 1) AS error_of;
 SELECT pg_temp.error_of($$SET idempotency.encryption_key = '$$ || repeat('ab', 32) || $$'$$);
 RESET ROLE;
 DROP ROLE regress_exact_reader;

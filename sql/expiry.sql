@@ -144,8 +144,11 @@ SELECT idem_cleanup() AS cleaned;
 SELECT count(*) AS left_over FROM idem_records WHERE id IN (:none_id, :sealed_id);
 RESET idempotency.tombstone_ttl;
 
--- Negative windows are refused by the setting itself.
+-- Negative windows are refused by the setting itself (22023; the message
+-- is PostgreSQL's, worded differently by each version).
+\set VERBOSITY sqlstate
 SET idempotency.tombstone_ttl = -1;
+\set VERBOSITY default
 
 -- Application roles cannot change the window they are answered by.
 CREATE ROLE regress_expiry_app;

@@ -84,14 +84,26 @@ SET enable_seqscan = off;
 -- (a bitmap scan or a plain index scan, as the statistics of the moment
 -- choose, are both fine: only the plain one is shown)
 SET enable_bitmapscan = off;
-EXPLAIN (COSTS OFF)
+-- (PostgreSQL 17 and later name the sub-select's result "(InitPlan
+-- 1).col1" where 15 writes "$1": the plan is shown in 15's words)
+CREATE FUNCTION pg_temp.explain(query text) RETURNS SETOF text
+LANGUAGE plpgsql AS $f$
+DECLARE
+  line text;
+BEGIN
+  FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP
+    RETURN NEXT replace(regexp_replace(line, '^(\s*InitPlan 1)$', '\1 (returns $1)'),
+                        '(InitPlan 1).col1', '$1');
+  END LOOP;
+END $f$;
+SELECT * FROM pg_temp.explain($$
 DELETE FROM public.idem_records AS r
  WHERE r.id = ANY (ARRAY(SELECT c.id FROM public.idem_records AS c
                           WHERE c.state IN ('succeeded', 'failed', 'retryable')
                             AND c.expires_at < now()
                           ORDER BY c.expires_at
                           LIMIT 1000
-                          FOR UPDATE SKIP LOCKED));
+                          FOR UPDATE SKIP LOCKED))$$) AS "QUERY PLAN";
 RESET enable_seqscan;
 RESET enable_bitmapscan;
 

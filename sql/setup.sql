@@ -3,12 +3,19 @@
 --
 CREATE EXTENSION idempotency;
 
--- Every object the extension owns, by kind.
+-- Every object the extension owns, by kind.  The types PostgreSQL makes
+-- with another object, a table's or view's row type and a type's array
+-- type, are left out: PostgreSQL 18 records them as members too, 15 does not.
 SELECT pg_describe_object(classid, objid, objsubid) AS object
-  FROM pg_depend
+  FROM pg_depend d
  WHERE refclassid = 'pg_extension'::regclass
    AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
    AND deptype = 'e'
+   AND NOT EXISTS (SELECT FROM pg_type t
+                    WHERE d.classid = 'pg_type'::regclass AND t.oid = d.objid
+                      AND (EXISTS (SELECT FROM pg_type e WHERE e.typarray = t.oid)
+                           OR EXISTS (SELECT FROM pg_class c
+                                       WHERE c.oid = t.typrelid AND c.relkind <> 'c')))
  ORDER BY 1;
 
 -- Role, scope and key columns compare bytes ("C"), so that an expression such

@@ -29,6 +29,7 @@
 
 #include "idempotency.h"
 #include "pending_claim.h"
+#include "pg_compat.h"
 #include "records.h"
 #include "security.h"
 #include "stat_operations.h"
@@ -46,7 +47,7 @@ static void read_response(FunctionCallInfo fcinfo, int status_arg, int body_arg,
 						  int headers_arg, int resource_arg, int raw_body_arg,
 						  IdemResponse *response);
 static void finish_attempt(const IdemToken *token, const IdemResponse *response);
-static void raise_stale_token(const IdemToken *token, Oid userid) pg_attribute_noreturn();
+pg_noreturn static void raise_stale_token(const IdemToken *token, Oid userid);
 
 /*
  * idem_complete(token, http_status, body, headers, resource_id, raw_body):

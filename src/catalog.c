@@ -47,6 +47,7 @@
 
 #include "catalog.h"
 #include "idempotency.h"
+#include "pg_compat.h"
 
 /*
  * The lookups in use.  They are replaced only by a complete set (the
@@ -82,7 +83,7 @@ static bool index_as_created(Oid index_oid);
 static bool default_operator_classes(HeapTuple index_tuple);
 static bool predicate_may_fail(Node *node, void *context);
 static bool name_in(const char *name, const char *const *names);
-static void unknown_label(const char *type, Oid value) pg_attribute_noreturn();
+pg_noreturn static void unknown_label(const char *type, Oid value);
 static void invalidate_catalog_types(Datum arg, int cacheid, uint32 hashvalue);
 
 /*
@@ -185,9 +186,9 @@ look_up(IdemCatalog *fresh)
 						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
 				 errhint("If it was renamed, rename it back.")));
 
-	fresh->id_sequence = getIdentitySequence(fresh->table_oid,
-											 get_attnum(fresh->table_oid, "id"),
-											 true);
+	fresh->id_sequence = getIdentitySequence_compat(fresh->table_oid,
+													 get_attnum(fresh->table_oid, "id"),
+													 true);
 	fresh->guard_function = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
 											CStringGetDatum("idem_records_guard"),
 											PointerGetDatum(buildoidvector(NULL, 0)),

@@ -74,6 +74,7 @@
 #include "idempotency.h"
 #include "key_lock.h"
 #include "pending_claim.h"
+#include "pg_compat.h"
 #include "security.h"
 
 typedef struct PendingClaim
@@ -150,7 +151,7 @@ bool
 idem_pending_possible(const IdemScope *scope)
 {
 	return !pending.active && !lock_kept && ddl_depth == 0 &&
-		MyProc->lxid != loaded_in_lxid && IsTransactionBlock() &&
+		proc_lxid_compat(MyProc) != loaded_in_lxid && IsTransactionBlock() &&
 		idem_catalog()->records_as_created && scope_entry_fits(scope);
 }
 
@@ -379,7 +380,7 @@ held_exclusively(Oid relid)
 	LOCKTAG		tag;
 
 	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
-	return LockHeldByMe(&tag, AccessExclusiveLock);
+	return LockHeldByMe_compat(&tag, AccessExclusiveLock);
 }
 
 /* The error for a write while a DDL statement may be rewriting relid. */
@@ -406,7 +407,7 @@ idem_pending_install_hooks(void)
 	prev_process_utility = ProcessUtility_hook;
 	ProcessUtility_hook = pending_process_utility;
 	if (IsTransactionState())
-		loaded_in_lxid = MyProc->lxid;
+		loaded_in_lxid = proc_lxid_compat(MyProc);
 }
 
 /*

@@ -70,6 +70,7 @@
 
 #include "catalog.h"
 #include "pending_claim.h"
+#include "pg_compat.h"
 #include "record_writer.h"
 
 /* What is compiled once per backend for the records table. */
@@ -143,7 +144,7 @@ idem_writer_begin(IdemRecordWriter *w)
 	w->rte->relid = RelationGetRelid(w->rel);
 	w->rte->relkind = w->rel->rd_rel->relkind;
 	w->rte->rellockmode = RowExclusiveLock;
-	ExecInitRangeTable(w->estate, list_make1(w->rte));
+	ExecInitRangeTable_compat(w->estate, w->rte);
 	w->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(w->rri, w->rel, 1, NULL, 0);
 	/* where AFTER triggers look for the table: not opened a second time */
@@ -175,10 +176,10 @@ idem_writer_start(IdemRecordWriter *w, CmdType operation,
 
 	w->operation = operation;
 	refuse_transition_tables(w);
-	w->rte->updatedCols = NULL;
+	updatedCols_compat(w->estate, w->rte) = NULL;
 	for (i = 0; i < ncolumns; i++)
-		w->rte->updatedCols =
-			bms_add_member(w->rte->updatedCols,
+		updatedCols_compat(w->estate, w->rte) =
+			bms_add_member(updatedCols_compat(w->estate, w->rte),
 						   set_columns[i] - FirstLowInvalidHeapAttributeNumber);
 	if (operation == CMD_INSERT)
 		ExecBSInsertTriggers(w->estate, w->rri);
@@ -312,9 +313,9 @@ idem_writer_read(IdemRecordWriter *w, int64 id)
 	w->estate->es_output_cid = GetCurrentCommandId(true);
 
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
-	scan = index_beginscan(w->rel,
-						   idem_writer_index(w, RelationGetPrimaryKeyIndex(w->rel)),
-						   w->snapshot, 1, 0);
+	scan = index_beginscan_compat(w->rel,
+								  idem_writer_index(w, RelationGetPrimaryKeyIndex_compat(w->rel)),
+								  w->snapshot, 1, 0);
 	index_rescan(scan, &key, 1, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, w->old_slot);
 	index_endscan(scan);
@@ -378,7 +379,7 @@ idem_writer_update(IdemRecordWriter *w)
 
 	Assert(w->operation == CMD_UPDATE);
 	MemoryContextSwitchTo(w->estate->es_query_cxt);
-	EvalPlanQualInit(&epqstate, w->estate, NULL, NIL, -1);
+	EvalPlanQualInit_compat(&epqstate, w->estate, NULL, NIL, -1);
 	PG_TRY();
 	{
 		ExecStoreVirtualTuple(w->new_slot);
@@ -451,7 +452,7 @@ use_compiled_expressions(IdemRecordWriter *w)
 	cache_in_use = true;
 
 	if (ncheck > 0 && cache.checks != NULL)
-		w->rri->ri_ConstraintExprs = cache.checks;
+		ri_CheckConstraintExprs_compat(w->rri) = cache.checks;
 	for (i = 0; i < w->rri->ri_NumIndices; i++)
 	{
 		IndexInfo  *info = w->rri->ri_IndexRelationInfo[i];
@@ -505,7 +506,7 @@ build_cache(IdemRecordWriter *w, WriterCache *fresh)
 										   ALLOCSET_SMALL_SIZES);
 	oldcontext = MemoryContextSwitchTo(fresh->context);
 
-	fresh->id_sequence = getIdentitySequence(fresh->relid, identity, false);
+	fresh->id_sequence = getIdentitySequence_compat(fresh->relid, identity, false);
 
 	/*
 	 * The constraints are handed over all or none: one that keeps state in
@@ -516,8 +517,12 @@ build_cache(IdemRecordWriter *w, WriterCache *fresh)
 	fresh->checks = palloc0(Max(fresh->ncheck, 1) * sizeof(ExprState *));
 	for (i = 0; i < fresh->ncheck; i++)
 	{
-		Expr	   *check = expression_planner(stringToNode(desc->constr->check[i].ccbin));
+		Expr	   *check = check_constraint_expr_compat(w->rel,
+														 &desc->constr->check[i]);
 
+		if (check == NULL)
+			continue;			/* not enforced: left NULL, as ExecRelCheck does */
+		check = expression_planner(check);
 		if (needs_query_memory((Node *) check, NULL))
 		{
 			fresh->checks = NULL;

@@ -16,6 +16,8 @@
 #include "nodes/parsenodes.h"
 #include "utils/relcache.h"
 
+#include "pg_compat.h"
+
 struct WriterCache;
 
 /* One write to idem_records, from idem_writer_begin to idem_writer_end. */
@@ -46,7 +48,6 @@ extern bool idem_writer_lock(IdemRecordWriter *w, int64 id,
 extern bool idem_writer_read(IdemRecordWriter *w, int64 id);
 extern bool idem_writer_lock_read(IdemRecordWriter *w, LockWaitPolicy wait);
 extern void idem_writer_update(IdemRecordWriter *w);
-extern void idem_rethrow_without_values(MemoryContext context)
-			pg_attribute_noreturn();
+pg_noreturn extern void idem_rethrow_without_values(MemoryContext context);
 
 #endif							/* IDEM_RECORD_WRITER_H */

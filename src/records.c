@@ -89,6 +89,7 @@
 #include "catalog.h"
 #include "idempotency.h"
 #include "pending_claim.h"
+#include "pg_compat.h"
 #include "record_writer.h"
 #include "records.h"
 #include "response_seal.h"
@@ -303,7 +304,7 @@ scan_key(Relation heap, Relation index, ScanKey keys, Snapshot snapshot,
 	IndexScanDesc scan;
 	bool		found;
 
-	scan = index_beginscan(heap, index, snapshot, IDEM_SCOPE_PARTS, 0);
+	scan = index_beginscan_compat(heap, index, snapshot, IDEM_SCOPE_PARTS, 0);
 	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	index_endscan(scan);
@@ -520,7 +521,7 @@ key_being_written(Relation heap, Relation index, ScanKey keys,
 	bool		found = false;
 
 	InitDirtySnapshot(dirty);
-	scan = index_beginscan(heap, index, &dirty, IDEM_SCOPE_PARTS, 0);
+	scan = index_beginscan_compat(heap, index, &dirty, IDEM_SCOPE_PARTS, 0);
 	index_rescan(scan, keys, IDEM_SCOPE_PARTS, NULL, 0);
 	*saw_entries = false;
 	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)

@@ -37,6 +37,7 @@
 #include "utils/memutils.h"
 
 #include "idempotency.h"
+#include "pg_compat.h"
 #include "response_seal.h"
 #include "sha256.h"
 
@@ -69,7 +70,7 @@ static const SealKey *previous_key = NULL;
 static void parse_key_into(const char *hex, SealKey *key);
 static void append_part(StringInfo buf, const void *data, uint32 len);
 static const char *read_part(const char **p, const char *end, uint32 *len);
-static void raise_openssl_failure(const char *what) pg_attribute_noreturn();
+pg_noreturn static void raise_openssl_failure(const char *what);
 static char *key_id_hex(const uint8 *id);
 
 /*
@@ -116,8 +117,8 @@ idem_check_encryption_key(char **newval, void **extra, GucSource source)
 		GUC_check_errhint("Generate one with: openssl rand -hex 32");
 		return false;
 	}
-	/* the GUC machinery frees extra with free() */
-	key = (SealKey *) malloc(sizeof(SealKey));
+	/* the GUC machinery frees extra itself */
+	key = (SealKey *) guc_malloc_compat(sizeof(SealKey));
 	if (key == NULL)
 	{
 		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);

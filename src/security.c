@@ -49,6 +49,7 @@
 #include "utils/syscache.h"
 
 #include "catalog.h"
+#include "pg_compat.h"
 #include "security.h"
 #include "sha256.h"
 
@@ -71,7 +72,7 @@ idem_calling_role(void)
 bool
 idem_calling_role_is_operator(void)
 {
-	return pg_class_ownercheck(idem_catalog()->table_oid, GetUserId());
+	return pg_class_ownercheck_compat(idem_catalog()->table_oid, GetUserId());
 }
 
 /*

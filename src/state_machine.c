@@ -49,6 +49,7 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
+#include "pg_compat.h"
 #include "state_machine.h"
 
 PG_FUNCTION_INFO_V1(idem_records_guard);
@@ -114,8 +115,8 @@ static bool response_empty(HeapTuple tuple, TupleDesc tupdesc);
 static bool same_bytes(Datum a, Datum b);
 static bool same_scalar(HeapTuple a, HeapTuple b, TupleDesc tupdesc,
 						AttrNumber attnum);
-static void reject_change(const IdemChange *change, const char *detail,...)
-			pg_attribute_printf(2, 3) pg_attribute_noreturn();
+pg_noreturn static void reject_change(const IdemChange *change, const char *detail,...)
+			pg_attribute_printf(2, 3);
 
 /*
  * Label of a state, as in the idem_state enum.

@@ -18,9 +18,10 @@
 
 #include "utils/builtins.h"
 
+#include "pg_compat.h"
 #include "token.h"
 
-static void invalid_token(void) pg_attribute_noreturn();
+pg_noreturn static void invalid_token(void);
 static bool plain_number_at(const char *s);
 
 /*

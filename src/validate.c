@@ -16,6 +16,7 @@
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
+#include "pg_compat.h"
 #include "security.h"
 #include "validate.h"
 
@@ -24,8 +25,8 @@ static char *interval_text(Interval *value);
 static void check_header_name(const JsonbValue *name);
 static void check_header_value(const JsonbValue *name, const JsonbValue *value);
 static bool is_token_char(unsigned char c);
-static void bad_header_value(const JsonbValue *name) pg_attribute_noreturn();
-static void bad_header_pair(const char *fmt,...) pg_attribute_printf(1, 2) pg_attribute_noreturn();
+pg_noreturn static void bad_header_value(const JsonbValue *name);
+pg_noreturn static void bad_header_pair(const char *fmt,...) pg_attribute_printf(1, 2);
 
 /*
  * Raise unless argument argno (0-based) is given.
