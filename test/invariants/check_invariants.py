@@ -389,6 +389,11 @@ def main():
     for c in clients:
         c.join()
 
+    return report(log)
+
+
+def report(log):
+    """Print the counts and one line per invariant; 0 when all hold, else 1."""
     for what, n in sorted(log.counts.items()):
         print("  %-40s %d" % (what, n))
     print("  %-40s %d" % ("committed proceeds", sum(len(v) for v in log.proceeds.values())))
