@@ -10,7 +10,6 @@ check_invariants.py.
                    [--cancel-every 0.05]
 """
 
-import argparse
 import os
 import random
 import sys
@@ -171,15 +170,8 @@ def canceller(dsn, clients, deadline, every, rng):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", required=True)
-    parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--clients", type=int, default=12)
-    parser.add_argument("--keys", type=int, default=1)
-    parser.add_argument("--cancel-every", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=None)
-    args = parser.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    args, seed = ci.parse_arguments(__doc__, 60, 12, 1,
+                                    [("--cancel-every", float, 0.05)])
     print("seed %d, %d clients, %d keys, %g s, a cancel every %g s"
           % (seed, args.clients, args.keys, args.seconds, args.cancel_every))
     log = ci.Log()
