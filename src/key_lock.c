@@ -165,6 +165,14 @@ wait_for_lock(const LOCKTAG *tag, LOCKMODE mode, int timeout_ms)
 		if (LockTimeout <= 0 || LockTimeout > timeout_ms)
 			LockTimeout = timeout_ms;
 		(void) LockAcquire(tag, mode, false, false);
+
+		/*
+		 * The lock timeout may have fired as the lock was granted, after the
+		 * wait's last check for interrupts: it left only a pending cancel,
+		 * which must be taken here, as the end of the wait, and not by the
+		 * caller's next check.
+		 */
+		CHECK_FOR_INTERRUPTS();
 		LockTimeout = saved_lock_timeout;
 		LockRelease(tag, mode, false);
 

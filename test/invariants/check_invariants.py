@@ -369,15 +369,23 @@ def check(log):
     return results
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_arguments(doc, seconds, clients, keys, more=()):
+    """The command line: the run's options with these defaults, plus more
+    (name, type, default) options; returns them and the seed."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--dsn", required=True)
-    parser.add_argument("--seconds", type=float, default=20)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--keys", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--clients", type=int, default=clients)
+    parser.add_argument("--keys", type=int, default=keys)
     parser.add_argument("--seed", type=int, default=None)
+    for name, kind, default in more:
+        parser.add_argument(name, type=kind, default=default)
     args = parser.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    return args, (args.seed if args.seed is not None else random.randrange(1 << 30))
+
+
+def main():
+    args, seed = parse_arguments(__doc__, 20, 8, 3)
     print("seed %d, %d clients, %d keys, %g s" % (seed, args.clients, args.keys, args.seconds))
 
     log = Log()
@@ -389,6 +397,11 @@ def main():
     for c in clients:
         c.join()
 
+    return report(log)
+
+
+def report(log):
+    """Print the counts and one line per invariant; 0 when all hold, else 1."""
     for what, n in sorted(log.counts.items()):
         print("  %-40s %d" % (what, n))
     print("  %-40s %d" % ("committed proceeds", sum(len(v) for v in log.proceeds.values())))
