@@ -192,6 +192,11 @@ static bool scan_key(Relation heap, Relation index, ScanKey keys,
 static void insert_row(IdemRecordWriter *w, const IdemScope *scope,
 					   const IdemAttemptStart *start, int64 id,
 					   const IdemResponse *response, TimestampTz now);
+static void write_new_row(IdemRecordWriter *w, const IdemScope *scope,
+						  int64 id);
+static bool row_is_claimed(TupleTableSlot *slot, Relation heap,
+						   const IdemScope *scope, int64 id);
+pg_noreturn static void refuse_changed_row(void);
 static void outcome_written(void);
 static bool lock_token_attempt(IdemRecordWriter *w, const IdemToken *token);
 static bool token_owns_row(TupleTableSlot *slot, const AttrNumber *col,
@@ -608,7 +613,7 @@ insert_row(IdemRecordWriter *w, const IdemScope *scope,
 		idem_guard_allow_finished_insert(true);
 		PG_TRY();
 		{
-			idem_writer_insert(w);
+			write_new_row(w, scope, id);
 		}
 		PG_FINALLY();
 		{
@@ -630,7 +635,91 @@ insert_row(IdemRecordWriter *w, const IdemScope *scope,
 	set_column(values, nulls, col[COL_UPDATED_AT], TimestampTzGetDatum(start->now));
 	set_column(values, nulls, col[COL_EXPIRES_AT],
 			   TimestampTzGetDatum(start->expires_at));
-	idem_writer_insert(w);
+	write_new_row(w, scope, id);
+}
+
+/*
+ * Insert the row insert_row filled in, refusing it when a BEFORE INSERT
+ * trigger of the owner's changed its id or scope, or skipped it: the claim
+ * decided that its own key was free under that key's lock, and a row
+ * written under another key, or none, would let the key proceed again (or
+ * meet another key's record, 23505).  The check runs when the insert
+ * failed too, so that such a trigger is named instead of the unique
+ * violation it caused.
+ */
+static void
+write_new_row(IdemRecordWriter *w, const IdemScope *scope, int64 id)
+{
+	MemoryContext caller = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		idem_writer_insert(w);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(caller);
+		edata = CopyErrorData();
+		FlushErrorState();
+		if (edata->sqlerrcode == ERRCODE_UNIQUE_VIOLATION &&
+			!row_is_claimed(w->new_slot, w->rel, scope, id))
+			refuse_changed_row();
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
+	if (!ItemPointerIsValid(&w->new_slot->tts_tid) ||
+		!row_is_claimed(w->new_slot, w->rel, scope, id))
+		refuse_changed_row();
+}
+
+/*
+ * Whether the row in slot (of heap) has the id and scope the claim wrote.
+ */
+static bool
+row_is_claimed(TupleTableSlot *slot, Relation heap, const IdemScope *scope,
+			   int64 id)
+{
+	const AttrNumber *col = column_attnums(heap);
+	const RecordColumn parts[] = {COL_ROLE, COL_TENANT, COL_CALLER,
+	COL_OPERATION, COL_KEY};
+	text	   *wanted[] = {scope->role, scope->tenant, scope->caller,
+	scope->operation, scope->key};
+	bool		isnull;
+	Datum		value;
+	int			i;
+
+	value = slot_getattr(slot, col[COL_ID], &isnull);
+	if (isnull || DatumGetInt64(value) != id)
+		return false;
+	for (i = 0; i < (int) lengthof(parts); i++)
+	{
+		text	   *got;
+
+		value = slot_getattr(slot, col[parts[i]], &isnull);
+		if (isnull)
+			return false;
+		got = DatumGetTextPP(value);
+		if (VARSIZE_ANY_EXHDR(got) != VARSIZE_ANY_EXHDR(wanted[i]) ||
+			memcmp(VARDATA_ANY(got), VARDATA_ANY(wanted[i]),
+				   VARSIZE_ANY_EXHDR(got)) != 0)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * A trigger changed or skipped a new record: refuse the claim.
+ */
+static void
+refuse_changed_row(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("a trigger on idem_records changed or skipped a new idempotency record"),
+			 errdetail("A BEFORE INSERT trigger changed the record's id, scope or key, or returned NULL; the claim's key would not be the key written."),
+			 errhint("Drop the trigger, or leave the id, the scope and the key of a new row as they are.")));
 }
 
 /*

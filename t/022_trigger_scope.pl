@@ -32,6 +32,8 @@ my ($ret, $out, $err) = $node->psql('postgres',
 	q{SELECT outcome FROM idem_claim('op', 'ABC', '{"n":1}')});
 unlike($err, qr/duplicate key value|unique constraint/,
 	'a claim whose row a trigger moved to a taken key does not raise 23505');
+like($err, qr/a trigger on idem_records changed or skipped a new idempotency record/,
+	'the claim is refused, naming the trigger\'s change');
 
 # a trigger that moves every new key to a key of its own: the key claimed
 # never has a record, and every retry proceeds again
@@ -51,8 +53,22 @@ WITH c AS (SELECT * FROM idem_claim('op', 'pay-1', '{"n":1}')),
 SELECT outcome FROM c LEFT JOIN d ON true});
 	push @outcomes, $r == 0 ? $o : "error";
 }
-isnt($outcomes[1], 'proceed',
-	"a retry of a key whose record a trigger renamed does not proceed again (got @outcomes)");
+is("@outcomes", 'error error',
+	'a key whose record a trigger renames is refused, at every retry');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_records WHERE key LIKE 'pay-1%'}),
+	'0', 'and nothing of it is written');
+# a trigger that skips the insert (RETURN NULL): refused, not a proceed without a record
+$node->safe_psql('postgres', q{
+DROP TRIGGER a_suffix_key ON idem_records;
+CREATE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER a_skip_row BEFORE INSERT ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION skip_row();
+});
+($ret, $out, $err) = $node->psql('postgres',
+	q{SELECT outcome FROM idem_claim('op', 'skipped', '{"n":1}')});
+like($err, qr/a trigger on idem_records changed or skipped a new idempotency record/,
+	'a claim whose row a trigger skips is refused');
 note($node->safe_psql('postgres', 'SELECT key, state FROM idem_records ORDER BY id'));
 
 $node->stop;
