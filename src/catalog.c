@@ -101,8 +101,18 @@ idem_catalog(void)
 	uint64		invalidations;
 	const char *old_name;
 
+	/*
+	 * The lock that look_up takes, for this transaction: taking it takes
+	 * the invalidations that arrived before it (REINDEX INDEX CONCURRENTLY's
+	 * swap of the scope index, say), and REINDEX waits for it before it
+	 * marks the index it replaced dead.
+	 */
 	if (catalog_valid)
-		return &catalog;
+	{
+		LockRelationOid(catalog.table_oid, AccessShareLock);
+		if (catalog_valid)
+			return &catalog;
+	}
 
 	if (!callbacks_registered)
 	{
