@@ -13,7 +13,9 @@
 # advisory lock 478478.  The REINDEX then swaps the indexes and goes on
 # until it waits for the claim (or, if the claim held no lock on the table,
 # to its end, dropping the old index) before the claim goes on: the claim
-# must look the index up again and proceed, not fail.
+# must look the index up again and proceed, not fail.  Then a session
+# whose lookups are kept from before a whole REINDEX claims: it must take
+# the invalidations before it uses them, not open the dropped index.
 use strict;
 use warnings;
 use IPC::Run;
@@ -118,7 +120,25 @@ is( $node->safe_psql('postgres',
 		q{SELECT outcome FROM idem_claim('op', 'during', '{"n":1}')}),
 	'in_progress', 'a second claim of the key finds the first one');
 
+# A session whose lookups are kept from an earlier transaction, in a
+# transaction begun before a whole REINDEX INDEX CONCURRENTLY (it holds no
+# lock on the table then, so the REINDEX does not wait for it): its claim
+# must not use the index the lookups name, which is gone.
+my $kept = $node->background_psql('postgres');
+$kept->query_safe(q{SELECT outcome FROM idem_claim('op', 'kept', '{"n":1}')});
+$kept->query_safe('BEGIN; SELECT 1');
+my $index_kept = $node->safe_psql('postgres', "SELECT 'idem_records_scope_key'::regclass::oid");
+$node->safe_psql('postgres', 'REINDEX INDEX CONCURRENTLY idem_records_scope_key');
+isnt($node->safe_psql('postgres', "SELECT 'idem_records_scope_key'::regclass::oid"),
+	$index_kept, 'the REINDEX replaced the index');
+my ($kept_out, $kept_ret) = $kept->query(
+	q{SELECT outcome FROM idem_claim('op', 'kept again', '{"n":1}')});
+is($kept_ret, 0, 'a claim with lookups from before the REINDEX does not fail');
+is($kept_out, 'proceed', 'it proceeds');
+$kept->query_safe('COMMIT');
+
 $pauser->quit;
 $snapshot->quit;
+$kept->quit;
 $node->stop;
 done_testing();
