@@ -35,6 +35,8 @@
 #include "commands/defrem.h"
 #include "commands/trigger.h"
 #include "nodes/nodeFuncs.h"
+#include "storage/lmgr.h"
+#include "storage/sinval.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
@@ -48,6 +50,7 @@
 #include "catalog.h"
 #include "idempotency.h"
 #include "pg_compat.h"
+#include "test_pause.h"
 
 /*
  * The lookups in use.  They are replaced only by a complete set (the
@@ -74,7 +77,8 @@ static void look_up(IdemCatalog *fresh);
 static void invalidate_catalog(Datum arg, Oid relid);
 static void invalidate_catalog_schema(Datum arg, int cacheid, uint32 hashvalue);
 static Oid	enum_label_oid(Oid type, const char *label);
-static void scope_index_columns(IdemCatalog *fresh);
+static void scope_index_columns(IdemCatalog *fresh, Oid nsp);
+static bool read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable);
 static void check_column_types(const IdemCatalog *fresh);
 static Oid	created_type(const IdemCatalog *fresh, const char *column);
 static bool records_as_created(const IdemCatalog *fresh);
@@ -97,8 +101,18 @@ idem_catalog(void)
 	uint64		invalidations;
 	const char *old_name;
 
+	/*
+	 * The lock that look_up takes, for this transaction: taking it takes
+	 * the invalidations that arrived before it (REINDEX INDEX CONCURRENTLY's
+	 * swap of the scope index, say), and REINDEX waits for it before it
+	 * marks the index it replaced dead.
+	 */
 	if (catalog_valid)
-		return &catalog;
+	{
+		LockRelationOid(catalog.table_oid, AccessShareLock);
+		if (catalog_valid)
+			return &catalog;
+	}
 
 	if (!callbacks_registered)
 	{
@@ -178,13 +192,14 @@ look_up(IdemCatalog *fresh)
 				 errdetail("The extension looks for it in schema \"%s\", under that name.",
 						   nspname),
 				 errhint("If it was renamed, rename it back.")));
-	fresh->scope_index_oid = get_relname_relid(IDEM_SCOPE_INDEX, nsp);
-	if (!OidIsValid(fresh->scope_index_oid))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("index \"%s\" of extension \"%s\" does not exist",
-						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
-				 errhint("If it was renamed, rename it back.")));
+	/*
+	 * Held until the end of the transaction: REINDEX INDEX CONCURRENTLY
+	 * waits for the transactions that hold a lock on the table before it
+	 * marks the index it replaced dead and before it drops it, so the
+	 * scope index found below stays maintained and in place while this
+	 * transaction uses it.
+	 */
+	LockRelationOid(fresh->table_oid, AccessShareLock);
 
 	fresh->id_sequence = getIdentitySequence_compat(fresh->table_oid,
 													 get_attnum(fresh->table_oid, "id"),
@@ -216,7 +231,7 @@ look_up(IdemCatalog *fresh)
 		fresh->policy_oids[i] = enum_label_oid(fresh->policy_type,
 											   idem_policy_name((IdemLeasePolicy) i));
 	check_column_types(fresh);
-	scope_index_columns(fresh);
+	scope_index_columns(fresh, nsp);
 
 	/* last: nothing after it can fail and leave it behind */
 	fresh->qualified_table =
@@ -231,54 +246,56 @@ look_up(IdemCatalog *fresh)
  * comparison that starts with them walks four equal texts first); the
  * library serves both.  An index that is not unique on exactly those five
  * columns cannot answer a claim, and is refused.
+ *
+ * The index is found by its name, and its pg_index row read, as
+ * RangeVarGetRelidExtended resolves a name: the name is looked up, the
+ * index locked, its row read, and when invalidations arrived meanwhile
+ * (locking and reading the catalogs take them) all of it is done again,
+ * since the name may now denote another index.  REINDEX INDEX CONCURRENTLY
+ * gives the name to the new index, marks the old one not valid, then dead,
+ * then drops it: without the second look, a lookup that straddled the swap
+ * would read the old index's row and find it not valid, or gone.  Holding
+ * the old index's lock does not keep its name (the swap takes a lock that
+ * does not conflict with it), hence the loop rather than one look after
+ * the lock.  An old index read before the swap stays usable: look_up
+ * holds a lock on the table, which REINDEX waits for before it marks the
+ * old index dead.
  */
 static void
-scope_index_columns(IdemCatalog *fresh)
+scope_index_columns(IdemCatalog *fresh, Oid nsp)
 {
-	static const char *const part_names[IDEM_SCOPE_PARTS] = {
-		"role", "tenant", "caller", "operation", "key"
-	};
-	HeapTuple	tuple;
-	Form_pg_index index;
-	oidvector  *collations;
-	bool		isnull;
-	bool		seen[IDEM_SCOPE_PARTS] = {false};
+	Oid			locked = InvalidOid;
 	bool		fits;
 	bool		usable;
-	int			i;
 
-	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(fresh->scope_index_oid));
-	if (!HeapTupleIsValid(tuple))
-		elog(ERROR, "cache lookup failed for index %u", fresh->scope_index_oid);
-	index = (Form_pg_index) GETSTRUCT(tuple);
-	collations = (oidvector *) DatumGetPointer(SysCacheGetAttr(INDEXRELID, tuple,
-															   Anum_pg_index_indcollation,
-															   &isnull));
-	fits = index->indrelid == fresh->table_oid && index->indisunique &&
-		index->indnkeyatts == IDEM_SCOPE_PARTS && !isnull &&
-		heap_attisnull(tuple, Anum_pg_index_indexprs, NULL) &&
-		heap_attisnull(tuple, Anum_pg_index_indpred, NULL);
-	for (i = 0; fits && i < IDEM_SCOPE_PARTS; i++)
+	for (;;)
 	{
-		char	   *name = get_attname(fresh->table_oid,
-									   index->indkey.values[i], true);
-		int			part;
+		uint64		invalidations = SharedInvalidMessageCounter;
+		bool		found;
 
-		/* the scans compare bytes, as "C" orders them (records.c) */
-		fits = false;
-		if (collations->values[i] != C_COLLATION_OID)
-			break;
-		for (part = 0; name != NULL && part < IDEM_SCOPE_PARTS; part++)
-			if (!seen[part] && strcmp(name, part_names[part]) == 0)
-			{
-				seen[part] = true;
-				fresh->scope_index_part[i] = (IdemScopePart) part;
-				fits = true;
-				break;
-			}
+		fresh->scope_index_oid = get_relname_relid(IDEM_SCOPE_INDEX, nsp);
+		IDEM_TEST_PAUSE("scope_index_lookup");
+		if (fresh->scope_index_oid != locked)
+		{
+			if (OidIsValid(locked))
+				UnlockRelationOid(locked, AccessShareLock);
+			locked = InvalidOid;
+			if (!OidIsValid(fresh->scope_index_oid))
+				ereport(ERROR,
+						(errcode(ERRCODE_UNDEFINED_OBJECT),
+						 errmsg("index \"%s\" of extension \"%s\" does not exist",
+								IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
+						 errhint("If it was renamed, rename it back.")));
+			LockRelationOid(fresh->scope_index_oid, AccessShareLock);
+			locked = fresh->scope_index_oid;
+		}
+		found = read_scope_index(fresh, &fits, &usable);
+		if (invalidations != SharedInvalidMessageCounter)
+			continue;
+		if (!found)
+			elog(ERROR, "cache lookup failed for index %u", fresh->scope_index_oid);
+		break;
 	}
-	usable = index->indisvalid && index->indisready && index->indislive;
-	ReleaseSysCache(tuple);
 	if (fits && !usable)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -294,6 +311,61 @@ scope_index_columns(IdemCatalog *fresh)
 						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
 				 errdetail("It must be unique on the columns role, tenant, caller, operation and key, in collation \"C\", without expressions or a predicate."),
 				 errhint("Recreate it as the extension's installation script does.")));
+}
+
+/*
+ * Read the pg_index row of fresh->scope_index_oid: whether it fits the
+ * scope (and which part each column holds, into fresh), and whether it is
+ * valid, ready and live.  False when it has no row (it was dropped).
+ */
+static bool
+read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable)
+{
+	static const char *const part_names[IDEM_SCOPE_PARTS] = {
+		"role", "tenant", "caller", "operation", "key"
+	};
+	HeapTuple	tuple;
+	Form_pg_index index;
+	oidvector  *collations;
+	bool		isnull;
+	bool		seen[IDEM_SCOPE_PARTS] = {false};
+	int			i;
+
+	*fits = false;
+	*usable = false;
+	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(fresh->scope_index_oid));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	index = (Form_pg_index) GETSTRUCT(tuple);
+	collations = (oidvector *) DatumGetPointer(SysCacheGetAttr(INDEXRELID, tuple,
+															   Anum_pg_index_indcollation,
+															   &isnull));
+	*fits = index->indrelid == fresh->table_oid && index->indisunique &&
+		index->indnkeyatts == IDEM_SCOPE_PARTS && !isnull &&
+		heap_attisnull(tuple, Anum_pg_index_indexprs, NULL) &&
+		heap_attisnull(tuple, Anum_pg_index_indpred, NULL);
+	for (i = 0; *fits && i < IDEM_SCOPE_PARTS; i++)
+	{
+		char	   *name = get_attname(fresh->table_oid,
+									   index->indkey.values[i], true);
+		int			part;
+
+		/* the scans compare bytes, as "C" orders them (records.c) */
+		*fits = false;
+		if (collations->values[i] != C_COLLATION_OID)
+			break;
+		for (part = 0; name != NULL && part < IDEM_SCOPE_PARTS; part++)
+			if (!seen[part] && strcmp(name, part_names[part]) == 0)
+			{
+				seen[part] = true;
+				fresh->scope_index_part[i] = (IdemScopePart) part;
+				*fits = true;
+				break;
+			}
+	}
+	*usable = index->indisvalid && index->indisready && index->indislive;
+	ReleaseSysCache(tuple);
+	return true;
 }
 
 /*

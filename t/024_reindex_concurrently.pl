@@ -1,25 +1,27 @@
 # REINDEX INDEX CONCURRENTLY idem_records_scope_key (what the 55000 error
-# of an invalid scope index advises) while claims run.  catalog.c looks the
-# index up by name, then reads its pg_index row; a claim whose name lookup
-# came before the swap of the indexes and whose pg_index read came after
-# it reads the old index: "is not valid" (55000) between the swap and the
-# drop, "cache lookup failed for index" (XX000) after the drop.  A run of
-# test/invariants/check_invariants.py beside a loop of DDL statements saw
-# the 55000.  Here gdb holds the REINDEX before the swap and the claim of
-# a new session right after its name lookup (catalog.c, look_up), then
-# lets the REINDEX finish before the claim goes on: today the claim fails
-# with XX000.  A claim must look the index up again,
-# not fail, when the catalog changed under the lookup.
+# of an invalid scope index advises) while a claim looks the index up.
+# catalog.c finds the index by name, then reads its pg_index row; a lookup
+# whose name came before the swap of the indexes and whose pg_index read
+# came after it read the old index: "is not valid" (55000) between the swap
+# and the drop, "cache lookup failed for index" (XX000) after the drop.
+# A run of test/invariants/check_invariants.py beside a loop of DDL
+# statements saw the 55000.
+#
+# Here the REINDEX is held before the swap by a transaction whose snapshot
+# it waits for, and the claim of a new session at the pause point
+# scope_index_lookup (right after the name lookup, src/test_pause.h) by
+# advisory lock 478478.  The REINDEX then swaps the indexes and goes on
+# until it waits for the claim (or, if the claim held no lock on the table,
+# to its end, dropping the old index) before the claim goes on: the claim
+# must look the index up again and proceed, not fail.  Then a session
+# whose lookups are kept from before a whole REINDEX claims: it must take
+# the invalidations before it uses them, not open the dropped index.
 use strict;
 use warnings;
-use File::Temp qw(tempdir);
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(sleep);
-
-plan skip_all => 'gdb is not installed' if system('gdb --version >/dev/null 2>&1') != 0;
 
 my $node = PostgreSQL::Test::Cluster->new('reindex_concurrently');
 $node->init;
@@ -29,16 +31,22 @@ $node->safe_psql('postgres', q{
 CREATE EXTENSION idempotency;
 SELECT outcome FROM idem_claim('op', 'before', '{"n":1}');
 });
-my $dir = tempdir(CLEANUP => 1);
 
-# A session that ran one statement, and its backend's pid.
+plan skip_all => 'the extension is built without its pause points (make IDEM_TEST_PAUSE=1)'
+  unless $node->safe_psql('postgres',
+	"SELECT current_setting('idempotency.test_pause', true) IS NOT NULL") eq 't';
+
+my $index_before = $node->safe_psql('postgres',
+	"SELECT 'idem_records_scope_key'::regclass::oid");
+
+# A session running its statements in the background.
 sub session
 {
 	my ($name, @statements) = @_;
 	my ($out, $err) = ('', '');
 	my $h = IPC::Run::start(
 		[
-			'psql', '-X', '-At', '-v', 'ON_ERROR_STOP=0',
+			'psql', '-X', '-At', '-v', 'ON_ERROR_STOP=1',
 			'-d', $node->connstr('postgres') . " application_name=$name",
 			map { ('-c', $_) } @statements
 		],
@@ -46,85 +54,91 @@ sub session
 	return { h => $h, out => \$out, err => \$err };
 }
 
-# gdb holding backend $pid at $where until release($gdb)
-sub hold
-{
-	my ($pid, $where, $tag) = @_;
-	my $file = "$dir/$tag.out";
-	my $h = IPC::Run::start(
-		[
-			'gdb', '-p', $pid, '-batch', '-q',
-			'-ex', 'handle SIGUSR1 nostop noprint pass',
-			'-ex', 'handle SIGALRM nostop noprint pass',
-			'-ex', 'handle SIGINT nostop noprint pass',
-			'-ex', "break $where",
-			'-ex', 'continue',
-			'-ex', 'echo HELD\n',
-			'-ex', "shell while [ ! -f $dir/$tag.go ]; do sleep 0.05; done",
-			'-ex', 'detach'
-		],
-		'>', $file, '2>&1');
-	my $gdb = { h => $h, file => $file, go => "$dir/$tag.go" };
-	ok(gdb_says($gdb, qr/Breakpoint 1 at/), "gdb holds a breakpoint at $where");
-	return $gdb;
-}
+# The phase of the REINDEX, from pg_stat_progress_create_index; 'done' once
+# it has finished.
+my $phase_of_reindex = q{
+SELECT coalesce((SELECT p.phase FROM pg_stat_progress_create_index p
+                   JOIN pg_stat_activity a USING (pid)
+                  WHERE a.application_name = 'reindexer'), 'done')};
 
-sub gdb_says
-{
-	my ($gdb, $re) = @_;
-	for (1 .. 1200)
-	{
-		return 1 if -f $gdb->{file} && slurp_file($gdb->{file}) =~ $re;
-		sleep(0.1);
-	}
-	diag(slurp_file($gdb->{file})) if -f $gdb->{file};
-	return 0;
-}
+# the pause point's lock, held until the claim may go on
+my $pauser = $node->background_psql('postgres');
+$pauser->query_safe('SELECT pg_advisory_lock(478478)');
 
-sub release
-{
-	my ($gdb) = @_;
-	open(my $fh, '>', $gdb->{go}) or die;
-	close($fh);
-	$gdb->{h}->finish;
-}
+# an older snapshot, which the REINDEX waits for before the swap
+my $snapshot = $node->background_psql('postgres');
+$snapshot->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1');
 
-sub pid_of
-{
-	my ($name) = @_;
-	my $pid;
-	$node->poll_query_until('postgres',
-		"SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = '$name'")
-	  or die "no session $name";
-	return $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE application_name = '$name'");
-}
+my $reindexer = session('reindexer', 'REINDEX INDEX CONCURRENTLY idem_records_scope_key');
+ok( $node->poll_query_until(
+		'postgres', "$phase_of_reindex = 'waiting for old snapshots'"),
+	'the REINDEX waits for an older snapshot before it swaps the indexes');
 
-my $reindexer = session('reindexer', 'SELECT pg_sleep(3600)',
-	'REINDEX INDEX CONCURRENTLY idem_records_scope_key');
-my $reindex_pid = pid_of('reindexer');
-my $hold_reindex = hold($reindex_pid, 'index_concurrently_swap', 'reindex');
-$node->safe_psql('postgres', "SELECT pg_cancel_backend($reindex_pid)");
-ok(gdb_says($hold_reindex, qr/HELD/), 'the REINDEX is held before it swaps the indexes');
-
-# a new session (its catalog not looked up yet) sleeps until cancelled; its
-# next statement is the claim held
-my $claimer = session('claimer', 'SELECT pg_sleep(3600)',
+# a new session (its catalog not looked up yet) claims, and pauses right
+# after its lookup of the index's name
+my $claimer = session('claimer', "SET idempotency.test_pause = 'scope_index_lookup'",
 	q{SELECT outcome FROM idem_claim('op', 'during', '{"n":1}')});
-my $claimer_pid = pid_of('claimer');
-my $hold_claim = hold($claimer_pid, 'catalog.c:181', 'claim');
-$node->safe_psql('postgres', "SELECT pg_cancel_backend($claimer_pid)");
-ok(gdb_says($hold_claim, qr/HELD/), 'the claim is held right after its name lookup');
+ok( $node->poll_query_until(
+		'postgres', q{
+SELECT count(*) = 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+ WHERE a.application_name = 'claimer' AND l.locktype = 'advisory'
+   AND l.objid = 478478 AND NOT l.granted}),
+	'the claim pauses after its lookup of the index name');
 
-release($hold_reindex);
-$reindexer->{h}->finish;
-like(${ $reindexer->{out} } . ${ $reindexer->{err} }, qr/REINDEX/, 'the REINDEX finished');
-release($hold_claim);
+# the REINDEX swaps the indexes, then waits for the claim before it marks
+# the old index dead (or, without that wait, drops it)
+$snapshot->query_safe('COMMIT');
+ok( $node->poll_query_until(
+		'postgres',
+		"$phase_of_reindex IN ('waiting for readers before marking dead', 'done')"),
+	'the REINDEX has swapped the indexes');
+is($node->safe_psql('postgres', $phase_of_reindex),
+	'waiting for readers before marking dead',
+	'the REINDEX waits for the claim before it marks the old index dead');
+isnt($node->safe_psql('postgres', "SELECT 'idem_records_scope_key'::regclass::oid"),
+	$index_before, 'the name denotes the new index');
+
+$pauser->query_safe('SELECT pg_advisory_unlock(478478)');
 $claimer->{h}->finish;
 note('claimer: ' . ${ $claimer->{out} } . ${ $claimer->{err} });
-unlike(${ $claimer->{err} }, qr/cache lookup failed|is not valid/,
+unlike(${ $claimer->{err} }, qr/cache lookup failed|is not valid|ERROR/,
 	'a claim whose lookup of the scope index straddled REINDEX CONCURRENTLY does not fail');
 like(${ $claimer->{out} }, qr/^proceed$/m, 'the claim proceeds');
 
+$reindexer->{h}->finish;
+is(${ $reindexer->{err} }, '', 'the REINDEX finished without an error');
+is( $node->safe_psql(
+		'postgres', q{
+SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+ WHERE i.indrelid = 'idem_records'::regclass
+   AND c.relname LIKE 'idem_records_scope_key%'
+   AND i.indisvalid AND i.indisready AND i.indislive}),
+	'1', 'one valid scope index is left');
+
+# the claim's record is found through the new index
+is( $node->safe_psql('postgres',
+		q{SELECT outcome FROM idem_claim('op', 'during', '{"n":1}')}),
+	'in_progress', 'a second claim of the key finds the first one');
+
+# A session whose lookups are kept from an earlier transaction, in a
+# transaction begun before a whole REINDEX INDEX CONCURRENTLY (it holds no
+# lock on the table then, so the REINDEX does not wait for it): its claim
+# must not use the index the lookups name, which is gone.
+my $kept = $node->background_psql('postgres');
+$kept->query_safe(q{SELECT outcome FROM idem_claim('op', 'kept', '{"n":1}')});
+$kept->query_safe('BEGIN; SELECT 1');
+my $index_kept = $node->safe_psql('postgres', "SELECT 'idem_records_scope_key'::regclass::oid");
+$node->safe_psql('postgres', 'REINDEX INDEX CONCURRENTLY idem_records_scope_key');
+isnt($node->safe_psql('postgres', "SELECT 'idem_records_scope_key'::regclass::oid"),
+	$index_kept, 'the REINDEX replaced the index');
+my ($kept_out, $kept_ret) = $kept->query(
+	q{SELECT outcome FROM idem_claim('op', 'kept again', '{"n":1}')});
+is($kept_ret, 0, 'a claim with lookups from before the REINDEX does not fail');
+is($kept_out, 'proceed', 'it proceeds');
+$kept->query_safe('COMMIT');
+
+$pauser->quit;
+$snapshot->quit;
+$kept->quit;
 $node->stop;
 done_testing();
