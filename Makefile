@@ -34,6 +34,9 @@ ifeq ($(IDEM_TEST_PAUSE),1)
 PG_CPPFLAGS += -DIDEM_TEST_PAUSE_POINTS
 ISOLATION += key_probe_race
 endif
+# The objects are rebuilt when the build switches between with and without
+# them, so that the two are never mixed (an undefined idem_test_pause).
+PAUSE_STAMP = .test-pause-$(if $(filter 1,$(IDEM_TEST_PAUSE)),on,off)
 
 # Exact responses: encryption at rest through OpenSSL, which PostgreSQL
 # itself links
@@ -78,6 +81,11 @@ include $(PGXS)
 # PGXS does not track header dependencies: rebuild every object when one of
 # the project's headers changes.
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
+# (made as the Makefile is read: PGXS's .SECONDARY would not make a missing
+# prerequisite)
+$(shell test -f $(PAUSE_STAMP) || { rm -f .test-pause-on .test-pause-off; touch $(PAUSE_STAMP); })
+$(OBJS): $(PAUSE_STAMP)
+EXTRA_CLEAN += .test-pause-on .test-pause-off
 
 # A build outside the source tree (make -f SRC/Makefile VPATH=SRC, as
 # pg_buildext builds build-<version>) writes the objects of src/ into a

@@ -36,6 +36,7 @@
 #include "commands/trigger.h"
 #include "nodes/nodeFuncs.h"
 #include "storage/lmgr.h"
+#include "storage/proc.h"
 #include "storage/sinval.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -67,6 +68,9 @@ static bool callbacks_registered = false;
  * for the call that made it, but looked up again by the next one.
  */
 static uint64 invalidation_count = 0;
+
+/* The transaction in which idem_catalog last took the table's lock. */
+static LocalTransactionId locked_in_lxid = InvalidLocalTransactionId;
 
 /* NAMESPACEOID hash of the schema the lookups found, TYPEOID of its types */
 static uint32 schema_hash = 0;
@@ -102,14 +106,19 @@ idem_catalog(void)
 	const char *old_name;
 
 	/*
-	 * The lock that look_up takes, for this transaction: taking it takes
+	 * The lock that look_up takes, once per transaction: taking it takes
 	 * the invalidations that arrived before it (REINDEX INDEX CONCURRENTLY's
 	 * swap of the scope index, say), and REINDEX waits for it before it
-	 * marks the index it replaced dead.
+	 * marks the index it replaced dead.  Later calls of the transaction
+	 * find the lookups as the lock left them, or invalidated since.
 	 */
 	if (catalog_valid)
 	{
-		LockRelationOid(catalog.table_oid, AccessShareLock);
+		if (proc_lxid_compat(MyProc) != locked_in_lxid)
+		{
+			LockRelationOid(catalog.table_oid, AccessShareLock);
+			locked_in_lxid = proc_lxid_compat(MyProc);
+		}
 		if (catalog_valid)
 			return &catalog;
 	}
