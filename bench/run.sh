@@ -62,6 +62,9 @@
 #   INSTR_TX 1000 (instructions; KEYS defaults to 5000 there), INSTR_VARIANTS (the
 #   workloads/ scripts counted; default all ten of the tps part)
 #   PROFILE_VARIANTS "new_floor_hot new_ext" (profile; any of the workloads/ scripts)
+#   TPS_VARIANTS (tps: only these variants, e.g. "new_floor_hot new_ext
+#   replay_floor_hash replay_ext"; unset: all), BENCH_SQL (statements run in
+#   the bench database once it is loaded, before any part)
 set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 . "$BENCH_DIR/../scripts/lib.sh"
@@ -314,6 +317,8 @@ part_tps() {
         for w in $WORKLOADS; do
             for p in $PROTOCOLS; do
                 for v in $(variants_of "$w") $([ "$w" = new ] && [ "$p" = prepared ] && echo new_ext_sync); do
+                    # TPS_VARIANTS, when set, names the only variants run
+                    case " ${TPS_VARIANTS:-$v} " in *" $v "*) ;; *) continue ;; esac
                     # new_ext_sync: the extension with idempotency.synchronous_outcomes
                     # on, its default; every other variant commits asynchronously.
                     opts=""
@@ -902,6 +907,11 @@ part_counters() {
 
 if has_part tps || has_part cleanup || has_part memory || has_part counters || has_part instructions \
     || has_part profile; then needs_bench_db; fi
+# BENCH_SQL: statements run in the bench database once it is loaded, e.g.
+# "ALTER TABLE idem_records ADD CONSTRAINT no_write_once CHECK (true)"
+# (a CHECK constraint the extension does not know turns writing a new key
+# once off: docs/performance.md)
+if [ -n "${BENCH_SQL:-}" ]; then psql_bench -c "$BENCH_SQL"; fi
 if has_part instructions; then part_instructions; fi
 if has_part tps; then part_tps; fi
 if has_part profile; then part_profile; fi
