@@ -353,14 +353,14 @@ part_tps() {
         for p in $PROTOCOLS; do
             for w in $WORKLOADS; do
                 case $w in
-                    new) printf '| %s | new keys | %.0f | %.0f | %.0f | - | - | %.0f |\n' "$p" \
-                            "$(tps_of "$p:new_ext")" "$(tps_of "$p:new_floor_hot")" \
-                            "$(tps_of "$p:new_floor")" "$(tps_of "$p:new_peer")" ;;
-                    replay) printf '| %s | replays | %.0f | - | - | %.0f | %.0f | %.0f |\n' "$p" \
-                            "$(tps_of "$p:replay_ext")" "$(tps_of "$p:replay_floor")" \
-                            "$(tps_of "$p:replay_floor_hash")" "$(tps_of "$p:replay_peer")" ;;
-                    inprogress) printf '| %s | in progress | %.0f | - | - | - | - | %.0f |\n' "$p" \
-                            "$(tps_of "$p:inprogress_ext")" "$(tps_of "$p:inprogress_peer")" ;;
+                    new) printf '| %s | new keys | %s | %s | %s | - | - | %s |\n' "$p" \
+                            "$(tps_or_dash "$p:new_ext")" "$(tps_or_dash "$p:new_floor_hot")" \
+                            "$(tps_or_dash "$p:new_floor")" "$(tps_or_dash "$p:new_peer")" ;;
+                    replay) printf '| %s | replays | %s | - | - | %s | %s | %s |\n' "$p" \
+                            "$(tps_or_dash "$p:replay_ext")" "$(tps_or_dash "$p:replay_floor")" \
+                            "$(tps_or_dash "$p:replay_floor_hash")" "$(tps_or_dash "$p:replay_peer")" ;;
+                    inprogress) printf '| %s | in progress | %s | - | - | - | - | %s |\n' "$p" \
+                            "$(tps_or_dash "$p:inprogress_ext")" "$(tps_or_dash "$p:inprogress_peer")" ;;
                 esac
             done
         done
@@ -404,6 +404,9 @@ part_tps() {
         fi
     } | out
 }
+# The median tps of a variant, rounded, or "-" when it did not run
+# (TPS_VARIANTS).
+tps_or_dash() { if has_variant "$1"; then tps_of "$1" | awk '{ printf "%.0f", $1 }'; else echo -; fi; }
 # The median of the rounds' ratio a/b, or "-" when either did not run.
 rr() { if has_variant "$1" && has_variant "$2"; then round_ratio "$1" "$2"; else echo -; fi; }
 
