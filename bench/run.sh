@@ -62,6 +62,9 @@
 #   INSTR_TX 1000 (instructions; KEYS defaults to 5000 there), INSTR_VARIANTS (the
 #   workloads/ scripts counted; default all ten of the tps part)
 #   PROFILE_VARIANTS "new_floor_hot new_ext" (profile; any of the workloads/ scripts)
+#   TPS_VARIANTS (tps: only these variants, e.g. "new_floor_hot new_ext
+#   replay_floor_hash replay_ext"; unset: all), BENCH_SQL (statements run in
+#   the bench database once it is loaded, before any part)
 set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 . "$BENCH_DIR/../scripts/lib.sh"
@@ -314,6 +317,8 @@ part_tps() {
         for w in $WORKLOADS; do
             for p in $PROTOCOLS; do
                 for v in $(variants_of "$w") $([ "$w" = new ] && [ "$p" = prepared ] && echo new_ext_sync); do
+                    # TPS_VARIANTS, when set, names the only variants run
+                    case " ${TPS_VARIANTS:-$v} " in *" $v "*) ;; *) continue ;; esac
                     # new_ext_sync: the extension with idempotency.synchronous_outcomes
                     # on, its default; every other variant commits asynchronously.
                     opts=""
@@ -348,14 +353,14 @@ part_tps() {
         for p in $PROTOCOLS; do
             for w in $WORKLOADS; do
                 case $w in
-                    new) printf '| %s | new keys | %.0f | %.0f | %.0f | - | - | %.0f |\n' "$p" \
-                            "$(tps_of "$p:new_ext")" "$(tps_of "$p:new_floor_hot")" \
-                            "$(tps_of "$p:new_floor")" "$(tps_of "$p:new_peer")" ;;
-                    replay) printf '| %s | replays | %.0f | - | - | %.0f | %.0f | %.0f |\n' "$p" \
-                            "$(tps_of "$p:replay_ext")" "$(tps_of "$p:replay_floor")" \
-                            "$(tps_of "$p:replay_floor_hash")" "$(tps_of "$p:replay_peer")" ;;
-                    inprogress) printf '| %s | in progress | %.0f | - | - | - | - | %.0f |\n' "$p" \
-                            "$(tps_of "$p:inprogress_ext")" "$(tps_of "$p:inprogress_peer")" ;;
+                    new) printf '| %s | new keys | %s | %s | %s | - | - | %s |\n' "$p" \
+                            "$(tps_or_dash "$p:new_ext")" "$(tps_or_dash "$p:new_floor_hot")" \
+                            "$(tps_or_dash "$p:new_floor")" "$(tps_or_dash "$p:new_peer")" ;;
+                    replay) printf '| %s | replays | %s | - | - | %s | %s | %s |\n' "$p" \
+                            "$(tps_or_dash "$p:replay_ext")" "$(tps_or_dash "$p:replay_floor")" \
+                            "$(tps_or_dash "$p:replay_floor_hash")" "$(tps_or_dash "$p:replay_peer")" ;;
+                    inprogress) printf '| %s | in progress | %s | - | - | - | - | %s |\n' "$p" \
+                            "$(tps_or_dash "$p:inprogress_ext")" "$(tps_or_dash "$p:inprogress_peer")" ;;
                 esac
             done
         done
@@ -399,6 +404,9 @@ part_tps() {
         fi
     } | out
 }
+# The median tps of a variant, rounded, or "-" when it did not run
+# (TPS_VARIANTS).
+tps_or_dash() { if has_variant "$1"; then tps_of "$1" | awk '{ printf "%.0f", $1 }'; else echo -; fi; }
 # The median of the rounds' ratio a/b, or "-" when either did not run.
 rr() { if has_variant "$1" && has_variant "$2"; then round_ratio "$1" "$2"; else echo -; fi; }
 
@@ -902,6 +910,11 @@ part_counters() {
 
 if has_part tps || has_part cleanup || has_part memory || has_part counters || has_part instructions \
     || has_part profile; then needs_bench_db; fi
+# BENCH_SQL: statements run in the bench database once it is loaded, e.g.
+# "ALTER TABLE idem_records ADD CONSTRAINT no_write_once CHECK (true)"
+# (a CHECK constraint the extension does not know turns writing a new key
+# once off: docs/performance.md)
+if [ -n "${BENCH_SQL:-}" ]; then psql_bench -c "$BENCH_SQL"; fi
 if has_part instructions; then part_instructions; fi
 if has_part tps; then part_tps; fi
 if has_part profile; then part_profile; fi
