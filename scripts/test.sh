@@ -102,8 +102,11 @@ wanted walkthrough && run_walkthrough
 # time limit; the services connect over TCP as the role idem_app.  The Java
 # and Go services, and the Node one a second time, are checked by the Python
 # service's test (test_payments_service.py --service-command).
-clients_dir=$IDEM_TMP/clients
-IDEM_GROUPS=$clients_dir/groups
+# examples/ and clients/ (the client libraries, which the examples use)
+# are copied side by side.
+clients_tree=$IDEM_TMP/clients
+clients_dir=$clients_tree/examples
+IDEM_GROUPS=$clients_tree/groups
 # The Python test's checks of the expired and rate_limited answers need a
 # superuser connection besides, always to the server itself.
 client_env=(PGHOST=127.0.0.1 PGPORT="$PGPORT" PGDATABASE=idem_examples PGUSER=idem_app
@@ -115,14 +118,15 @@ jdbc_jar=/usr/share/java/postgresql.jar
 setup_clients() {
     local bindir
     bindir=$("$PG_CONFIG" --bindir)
-    as_root install -d -o "$(id -u)" -g "$(id -g)" "$clients_dir" || return
-    tar -C "$IDEM_ROOT/examples" --exclude=node_modules --exclude=__pycache__ \
-        --exclude=./java/classes --exclude=./go/payments_service -cf - . \
-        | tar -C "$clients_dir" -xf - || return
+    as_root install -d -o "$(id -u)" -g "$(id -g)" "$clients_tree" || return
+    tar -C "$IDEM_ROOT" --exclude=node_modules --exclude=__pycache__ \
+        --exclude=examples/java/classes --exclude=examples/go/payments_service -cf - examples clients \
+        | tar -C "$clients_tree" -xf - || return
     as_postgres "$bindir/createdb" idem_examples || return
     as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d idem_examples \
         -f "$IDEM_TMP/src/examples/schema.sql" || return
-    log "npm ci (examples/node)"
+    log "npm ci (clients/node, examples/node)"
+    (cd "$clients_tree/clients/node" && timeout 600 npm ci --no-audit --no-fund --loglevel=error) || return
     (cd "$clients_dir/node" && timeout 600 npm ci --no-audit --no-fund --loglevel=error) || return
 }
 
@@ -322,6 +326,9 @@ build_client() {
 if ! wanted clients; then
     :
 elif setup_clients; then
+    # The client libraries' own tests, in their ecosystems' runners.
+    run_client clients-node-lib "$clients_tree/clients/node" \
+        node --test --test-reporter=tap test/
     run_client clients-python "$clients_dir/python" \
         /usr/bin/python3 -u test_payments_service.py
     run_client clients-node "$clients_dir/node" \

@@ -1,0 +1,21 @@
+import type { ClaimOptions, AttemptContext, ExternalContext, HandlerResult, PoolClient, Response } from '../index';
+
+export interface AdapterOptions<Req> extends ClaimOptions {
+  operation: string;
+  /** The three-transaction form: the claim commits with a lease, the handler gets no client. */
+  external?: boolean;
+  /** What the fingerprint covers; default the parsed body. */
+  request?: (req: Req, body: unknown) => unknown;
+  tenant?: string | ((req: Req) => string);
+  /** Largest body read, in bytes (node:http and Express without a body parser); default 1 MiB. */
+  maxBody?: number;
+}
+
+export type RequestContext<Req> = AttemptContext & { req: Req; body: unknown };
+export type ExternalRequestContext<Req> = ExternalContext & { req: Req; body: unknown };
+
+export type Handler<Req> =
+  | ((client: PoolClient, ctx: RequestContext<Req>) => Promise<HandlerResult> | HandlerResult)
+  | ((ctx: ExternalRequestContext<Req>) => Promise<HandlerResult> | HandlerResult);
+
+export type { Response };
