@@ -132,13 +132,15 @@ setup_clients() {
 
 # run_client NAME DIR COMMAND...: counts the "N passed, N failed" line of
 # the Python test or the "# pass N" / "# fail N" lines of node's TAP output.
+# The process groups left are ended afterwards, unless keep_groups is set
+# (pgbouncer's, while more suites use it).
 run_client() {
     local name=$1 dir=$2 out=$IDEM_TMP/$1.out p f status=0
     shift 2
     log "suite: $name"
     (cd "$dir" && in_own_group timeout -k 10 300 env "${client_env[@]}" "$@") 2>&1 \
         | tee "$out" || status=$?
-    stop_groups
+    [ -n "${keep_groups:-}" ] || stop_groups
     p=$(sed -nE 's/^([0-9]+) passed, [0-9]+ failed$/\1/p; s/^# pass ([0-9]+)$/\1/p' "$out" | tail -n 1)
     f=$(sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p; s/^# fail ([0-9]+)$/\1/p' "$out" | tail -n 1)
     passed=$((passed + ${p:-0}))
@@ -174,14 +176,15 @@ check_schema_refusal() {
     fi
 }
 
-# The Python client's suite again, through a real pgbouncer in transaction
-# mode, and checks of what docs/poolers.md says: a session SET reaches the
-# next client of its server connection and SET LOCAL does not; a claim that
+# The Python client's suite again, and the Node one on each framework,
+# through a real pgbouncer in transaction mode, and checks of what
+# docs/poolers.md says: a session SET reaches the next client of its server
+# connection and SET LOCAL does not; a claim that
 # waits holds its server connection, and a wait => 0 claim queues in
 # pgbouncer behind it.  pgbouncer (Debian's package, installed when missing;
 # its service is not used) runs as postgres, since it refuses root, from its
-# own files, in a process group that stop_groups ends: run_client's when the
-# suite is done, cleanup's whatever happens.
+# own files, in a process group that stop_groups ends: this function's when
+# the suites are done, cleanup's whatever happens.
 run_pgbouncer() {
     local dir=$IDEM_TMP/pgbouncer out=$IDEM_TMP/pgbouncer.out bindir port pid v token
     local sudo=() waiter queued before ok=1
@@ -295,8 +298,15 @@ EOF
         pgb_check "  ... then the queued claim proceeds" proceed "$(cat "$out.queued")"
         [ "$ok" = 1 ] || failed_suites+=(pgbouncer)
         before=${#failed_suites[@]}
+        local keep_groups=1
         run_client clients-python-pgbouncer "$clients_dir/python" \
             env PGPORT="$port" /usr/bin/python3 -u test_payments_service.py
+        for framework in http express fastify; do
+            run_client "clients-node-$framework-pgbouncer" "$clients_dir/node" \
+                env PGPORT="$port" /usr/bin/python3 -u ../python/test_payments_service.py \
+                --service-command "node server.js --framework $framework"
+        done
+        keep_groups=
         [ "${#failed_suites[@]}" -eq "$before" ] || ok=0
     else
         failed_suites+=(pgbouncer)
@@ -333,8 +343,11 @@ elif setup_clients; then
         /usr/bin/python3 -u test_payments_service.py
     run_client clients-node "$clients_dir/node" \
         node --test --test-reporter=tap test/payments.test.js
-    run_client clients-node-py "$clients_dir/node" \
-        /usr/bin/python3 -u ../python/test_payments_service.py --service-command "node server.js"
+    for framework in http express fastify; do
+        run_client "clients-node-$framework" "$clients_dir/node" \
+            /usr/bin/python3 -u ../python/test_payments_service.py \
+            --service-command "node server.js --framework $framework"
+    done
     if build_client clients-java "$clients_dir/java" \
         javac -Xlint:all -Werror -cp "$jdbc_jar" -d classes PaymentsService.java; then
         run_client clients-java "$clients_dir/java" \

@@ -14,10 +14,11 @@ const { HttpError } = require('./index');
 // errors are thrown to Fastify's error handler.
 function idempotent(idem, options, handler) {
   checkOptions(idem, options, handler);
+  const { maxBody, ...rest } = options; // Fastify's own bodyLimit applies
   return async function idempotentRoute(request, reply) {
     let response;
     try {
-      response = await execute(idem, options,
+      response = await execute(idem, rest,
         { req: request, key: request.headers['idempotency-key'], body: request.body }, handler);
     } catch (err) {
       if (!(err instanceof HttpError)) throw err;

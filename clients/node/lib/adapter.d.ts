@@ -4,6 +4,8 @@ export interface AdapterOptions<Req> extends ClaimOptions {
   operation: string;
   /** The three-transaction form: the claim commits with a lease, the handler gets no client. */
   external?: boolean;
+  /** Checks before the claim: an HttpError it throws is answered, and nothing is stored. */
+  validateRequest?: (req: Req, body: unknown) => void | Promise<void>;
   /** What the fingerprint covers; default the parsed body. */
   request?: (req: Req, body: unknown) => unknown;
   tenant?: string | ((req: Req) => string);

@@ -42,11 +42,13 @@ function checkOptions(idem, options, handler) {
 // framework gives them; `text` is the body's JSON text when the adapter
 // read it itself (sent as is, so the fingerprint is of what the client
 // sent), else the parsed body is sent.  options: operation, the claim's
-// options, external (the three-transaction form), request(req, body) (what
-// the fingerprint covers, default the body), tenant(req) (default
-// options.tenant).
-function execute(idem, options, { req, key, body, text }, handler) {
-  const { request, tenant, external, operation, ...claim } = options;
+// options, external (the three-transaction form), validateRequest(req,
+// body) (checks before the claim: an HttpError it throws is answered and
+// nothing is stored), request(req, body) (what the fingerprint covers,
+// default the body), tenant(req) (default options.tenant).
+async function execute(idem, options, { req, key, body, text }, handler) {
+  const { request, tenant, external, operation, validateRequest, ...claim } = options;
+  if (validateRequest) await validateRequest(req, body);
   const call = { ...claim, operation, key };
   if (typeof tenant === 'function') call.tenant = tenant(req);
   else if (tenant !== undefined) call.tenant = tenant;
