@@ -176,8 +176,8 @@ check_schema_refusal() {
     fi
 }
 
-# The Python client's suite again, and the Node one on each framework,
-# through a real pgbouncer in transaction mode, and checks of what
+# The Python client's suite again, on each framework, and the Node one on
+# each framework, through a real pgbouncer in transaction mode, and checks of what
 # docs/poolers.md says: a session SET reaches the next client of its server
 # connection and SET LOCAL does not; a claim that
 # waits holds its server connection, and a wait => 0 claim queues in
@@ -301,6 +301,11 @@ EOF
         local keep_groups=1
         run_client clients-python-pgbouncer "$clients_dir/python" \
             env PGPORT="$port" /usr/bin/python3 -u test_payments_service.py
+        for framework in "wsgi --driver psycopg" asgi; do
+            run_client "clients-python-${framework%% *}-psycopg-pgbouncer" "$clients_dir/python" \
+                env PGPORT="$port" /usr/bin/python3 -u test_payments_service.py --service-command \
+                "/usr/bin/python3 -u payments_service.py --framework $framework --no-prepared-statements"
+        done
         for framework in http express fastify; do
             run_client "clients-node-$framework-pgbouncer" "$clients_dir/node" \
                 env PGPORT="$port" /usr/bin/python3 -u ../python/test_payments_service.py \
@@ -339,8 +344,16 @@ elif setup_clients; then
     # The client libraries' own tests, in their ecosystems' runners.
     run_client clients-node-lib "$clients_tree/clients/node" \
         node --test --test-reporter=tap test/
+    run_client clients-python-lib "$clients_tree/clients/python" \
+        /usr/bin/python3 -m pytest -p no:cacheprovider tests
     run_client clients-python "$clients_dir/python" \
         /usr/bin/python3 -u test_payments_service.py
+    run_client clients-python-wsgi-psycopg "$clients_dir/python" \
+        /usr/bin/python3 -u test_payments_service.py \
+        --service-command "/usr/bin/python3 -u payments_service.py --framework wsgi --driver psycopg"
+    run_client clients-python-asgi "$clients_dir/python" \
+        /usr/bin/python3 -u test_payments_service.py \
+        --service-command "/usr/bin/python3 -u payments_service.py --framework asgi"
     run_client clients-node "$clients_dir/node" \
         node --test --test-reporter=tap test/payments.test.js
     for framework in http express fastify; do
