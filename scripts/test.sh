@@ -368,10 +368,15 @@ elif setup_clients; then
             --service-command "java -cp $jdbc_jar:classes PaymentsService"
     fi
     # pgx v4 and what it imports from Debian's sources in GOPATH mode: no
-    # module download.
-    if build_client clients-go "$clients_dir/go" \
-        env GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= GOCACHE="$clients_dir/go-cache" \
-        go build -o payments_service .; then
+    # module download.  clients/go is idempotency/idem in a GOPATH of its
+    # own; go test's verbose lines are counted.
+    go_path=$clients_tree/gopath
+    go_env=(env GO111MODULE=off GOPATH="$go_path:/usr/share/gocode" GOFLAGS= GOCACHE="$clients_tree/go-cache")
+    mkdir -p "$go_path/src/idempotency" && cp -r "$clients_tree/clients/go" "$go_path/src/idempotency/idem"
+    run_client clients-go-lib "$go_path/src/idempotency/idem" "${go_env[@]}" bash -c \
+        'go test -v -count=1 . >go-test.out 2>&1; s=$?; cat go-test.out
+         echo "$(grep -c "^--- PASS" go-test.out) passed, $(grep -c "^--- FAIL" go-test.out) failed"; exit $s'
+    if build_client clients-go "$clients_dir/go" "${go_env[@]}" go build -o payments_service .; then
         run_client clients-go "$clients_dir/go" \
             /usr/bin/python3 -u ../python/test_payments_service.py \
             --service-command ./payments_service
