@@ -27,6 +27,8 @@ IDEM_CLIENT_PACKAGES="python3 python3-psycopg2 libpostgresql-jdbc-java golang-gi
 # uvicorn, Flask, pytest (and httpx, for Starlette's test client).
 IDEM_CLIENT_PACKAGES="$IDEM_CLIENT_PACKAGES python3-psycopg python3-psycopg-pool python3-starlette
     python3-fastapi python3-uvicorn python3-flask python3-pytest python3-httpx"
+# clients/java's servlet Filter: the Servlet API (/usr/share/java/servlet-api.jar).
+IDEM_CLIENT_PACKAGES="$IDEM_CLIENT_PACKAGES libservlet-api-java"
 
 log() { printf '==> %s\n' "$*" >&2; }
 

@@ -112,6 +112,7 @@ IDEM_GROUPS=$clients_tree/groups
 client_env=(PGHOST=127.0.0.1 PGPORT="$PGPORT" PGDATABASE=idem_examples PGUSER=idem_app
             IDEM_ADMIN_DSN="host=127.0.0.1 port=$PGPORT dbname=idem_examples user=postgres")
 jdbc_jar=/usr/share/java/postgresql.jar
+servlet_jar=/usr/share/java/servlet-api.jar
 
 # Called as an if condition, where set -e does not apply: every step says
 # whether it failed.
@@ -120,7 +121,9 @@ setup_clients() {
     bindir=$("$PG_CONFIG" --bindir)
     as_root install -d -o "$(id -u)" -g "$(id -g)" "$clients_tree" || return
     tar -C "$IDEM_ROOT" --exclude=node_modules --exclude=__pycache__ \
-        --exclude=examples/java/classes --exclude=examples/go/payments_service -cf - examples clients \
+        --exclude=examples/java/classes --exclude=examples/go/payments_service \
+        --exclude=clients/java/classes --exclude=clients/java/test-classes --exclude=clients/java/idempotency.jar \
+        -cf - examples clients \
         | tar -C "$clients_tree" -xf - || return
     as_postgres "$bindir/createdb" idem_examples || return
     as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d idem_examples \
@@ -361,11 +364,21 @@ elif setup_clients; then
             /usr/bin/python3 -u ../python/test_payments_service.py \
             --service-command "node server.js --framework $framework"
     done
+    # clients/java: javac into idempotency.jar, its test a plain main; the
+    # example on the jar.
+    java_lib=$clients_tree/clients/java
+    java_cp=$jdbc_jar:$servlet_jar:$java_lib/idempotency.jar
+    if build_client clients-java-lib "$java_lib" bash -c \
+        "javac -Xlint:all -Werror -cp $servlet_jar -d classes src/idempotency/*.java &&
+         jar cf idempotency.jar -C classes . &&
+         javac -Xlint:all -Werror -cp $java_cp -d test-classes test/IdempotencyTest.java"; then
+        run_client clients-java-lib "$java_lib" java -cp "$java_cp:test-classes" IdempotencyTest
+    fi
     if build_client clients-java "$clients_dir/java" \
-        javac -Xlint:all -Werror -cp "$jdbc_jar" -d classes PaymentsService.java; then
+        javac -Xlint:all -Werror -cp "$java_cp" -d classes PaymentsService.java; then
         run_client clients-java "$clients_dir/java" \
             /usr/bin/python3 -u ../python/test_payments_service.py \
-            --service-command "java -cp $jdbc_jar:classes PaymentsService"
+            --service-command "java -cp $java_cp:classes PaymentsService"
     fi
     # pgx v4 and what it imports from Debian's sources in GOPATH mode: no
     # module download.  clients/go is idempotency/idem in a GOPATH of its
