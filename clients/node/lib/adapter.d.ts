@@ -1,6 +1,6 @@
 import type { ClaimOptions, AttemptContext, ExternalContext, HandlerResult, PoolClient, Response } from '../index';
 
-export interface AdapterOptions<Req> extends ClaimOptions {
+export interface AdapterOptions<Req> extends Omit<ClaimOptions, 'tenant'> {
   operation: string;
   /** The three-transaction form: the claim commits with a lease, the handler gets no client. */
   external?: boolean;
