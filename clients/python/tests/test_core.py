@@ -210,13 +210,14 @@ def test_external_lease_unknown_retryable_and_resume(pool, op):
     assert json.loads(r.body) == {"resumed": "charged"}
 
 
-def test_async_core(db, op):
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_async_core(db, op, pipeline):
     from psycopg_pool import AsyncConnectionPool
 
     async def main():
         pool = AsyncConnectionPool("", kwargs={"autocommit": True}, min_size=1, max_size=4)
         await pool.open()
-        idem = AsyncIdempotency(pool)
+        idem = AsyncIdempotency(pool, pipeline=pipeline)
         try:
             key = str(uuid.uuid4())
 
