@@ -163,39 +163,48 @@ wanted walkthrough && run_walkthrough && run_uninstall
 # time limit; the services connect over TCP as the role idem_app.  The Java
 # and Go services, and the Node one a second time, are checked by the Python
 # service's test (test_payments_service.py --service-command).
-clients_dir=$IDEM_TMP/clients
-IDEM_GROUPS=$clients_dir/groups
+# examples/ and clients/ (the client libraries, which the examples use)
+# are copied side by side.
+clients_tree=$IDEM_TMP/clients
+clients_dir=$clients_tree/examples
+IDEM_GROUPS=$clients_tree/groups
 # The Python test's checks of the expired and rate_limited answers need a
 # superuser connection besides, always to the server itself.
 client_env=(PGHOST=127.0.0.1 PGPORT="$PGPORT" PGDATABASE=idem_examples PGUSER=idem_app
             IDEM_ADMIN_DSN="host=127.0.0.1 port=$PGPORT dbname=idem_examples user=postgres")
 jdbc_jar=/usr/share/java/postgresql.jar
+servlet_jar=/usr/share/java/servlet-api.jar
 
 # Called as an if condition, where set -e does not apply: every step says
 # whether it failed.
 setup_clients() {
     local bindir
     bindir=$("$PG_CONFIG" --bindir)
-    as_root install -d -o "$(id -u)" -g "$(id -g)" "$clients_dir" || return
-    tar -C "$IDEM_ROOT/examples" --exclude=node_modules --exclude=__pycache__ \
-        --exclude=./java/classes --exclude=./go/payments_service -cf - . \
-        | tar -C "$clients_dir" -xf - || return
+    as_root install -d -o "$(id -u)" -g "$(id -g)" "$clients_tree" || return
+    tar -C "$IDEM_ROOT" --exclude=node_modules --exclude=__pycache__ \
+        --exclude=examples/java/classes --exclude=examples/go/payments_service \
+        --exclude=clients/java/classes --exclude=clients/java/test-classes --exclude=clients/java/idempotency.jar \
+        -cf - examples clients \
+        | tar -C "$clients_tree" -xf - || return
     as_postgres "$bindir/createdb" idem_examples || return
     as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d idem_examples \
         -f "$IDEM_TMP/src/examples/schema.sql" || return
-    log "npm ci (examples/node)"
+    log "npm ci (clients/node, examples/node)"
+    (cd "$clients_tree/clients/node" && timeout 600 npm ci --no-audit --no-fund --loglevel=error) || return
     (cd "$clients_dir/node" && timeout 600 npm ci --no-audit --no-fund --loglevel=error) || return
 }
 
 # run_client NAME DIR COMMAND...: counts the "N passed, N failed" line of
 # the Python test or the "# pass N" / "# fail N" lines of node's TAP output.
+# The process groups left are ended afterwards, unless keep_groups is set
+# (pgbouncer's, while more suites use it).
 run_client() {
     local name=$1 dir=$2 out=$IDEM_TMP/$1.out p f status=0
     shift 2
     log "suite: $name"
     (cd "$dir" && in_own_group timeout -k 10 300 env "${client_env[@]}" "$@") 2>&1 \
         | tee "$out" || status=$?
-    stop_groups
+    [ -n "${keep_groups:-}" ] || stop_groups
     p=$(sed -nE 's/^([0-9]+) passed, [0-9]+ failed$/\1/p; s/^# pass ([0-9]+)$/\1/p' "$out" | tail -n 1)
     f=$(sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p; s/^# fail ([0-9]+)$/\1/p' "$out" | tail -n 1)
     passed=$((passed + ${p:-0}))
@@ -231,14 +240,15 @@ check_schema_refusal() {
     fi
 }
 
-# The Python client's suite again, through a real pgbouncer in transaction
-# mode, and checks of what docs/poolers.md says: a session SET reaches the
-# next client of its server connection and SET LOCAL does not; a claim that
+# The Python client's suite again, on each framework, and the Node one on
+# each framework, through a real pgbouncer in transaction mode, and checks of what
+# docs/poolers.md says: a session SET reaches the next client of its server
+# connection and SET LOCAL does not; a claim that
 # waits holds its server connection, and a wait => 0 claim queues in
 # pgbouncer behind it.  pgbouncer (Debian's package, installed when missing;
 # its service is not used) runs as postgres, since it refuses root, from its
-# own files, in a process group that stop_groups ends: run_client's when the
-# suite is done, cleanup's whatever happens.
+# own files, in a process group that stop_groups ends: this function's when
+# the suites are done, cleanup's whatever happens.
 run_pgbouncer() {
     local dir=$IDEM_TMP/pgbouncer out=$IDEM_TMP/pgbouncer.out bindir port pid v token
     local sudo=() waiter queued before ok=1
@@ -347,8 +357,20 @@ EOF
         pgb_check "  ... then the queued claim proceeds" proceed "$(cat "$out.queued")"
         [ "$ok" = 1 ] || failed_suites+=(pgbouncer)
         before=${#failed_suites[@]}
+        local keep_groups=1
         run_client clients-python-pgbouncer "$clients_dir/python" \
             env PGPORT="$port" /usr/bin/python3 -u test_payments_service.py
+        for framework in "wsgi --driver psycopg" asgi; do
+            run_client "clients-python-${framework%% *}-psycopg-pgbouncer" "$clients_dir/python" \
+                env PGPORT="$port" /usr/bin/python3 -u test_payments_service.py --service-command \
+                "/usr/bin/python3 -u payments_service.py --framework $framework --no-prepared-statements"
+        done
+        for framework in http express fastify; do
+            run_client "clients-node-$framework-pgbouncer" "$clients_dir/node" \
+                env PGPORT="$port" /usr/bin/python3 -u ../python/test_payments_service.py \
+                --service-command "node server.js --framework $framework"
+        done
+        keep_groups=
         [ "${#failed_suites[@]}" -eq "$before" ] || ok=0
     else
         failed_suites+=(pgbouncer)
@@ -378,23 +400,52 @@ build_client() {
 if ! wanted clients; then
     :
 elif setup_clients; then
+    # The client libraries' own tests, in their ecosystems' runners.
+    run_client clients-node-lib "$clients_tree/clients/node" \
+        node --test --test-reporter=tap test/
+    run_client clients-python-lib "$clients_tree/clients/python" \
+        /usr/bin/python3 -m pytest -p no:cacheprovider tests
     run_client clients-python "$clients_dir/python" \
         /usr/bin/python3 -u test_payments_service.py
+    run_client clients-python-wsgi-psycopg "$clients_dir/python" \
+        /usr/bin/python3 -u test_payments_service.py \
+        --service-command "/usr/bin/python3 -u payments_service.py --framework wsgi --driver psycopg"
+    run_client clients-python-asgi "$clients_dir/python" \
+        /usr/bin/python3 -u test_payments_service.py \
+        --service-command "/usr/bin/python3 -u payments_service.py --framework asgi"
     run_client clients-node "$clients_dir/node" \
         node --test --test-reporter=tap test/payments.test.js
-    run_client clients-node-py "$clients_dir/node" \
-        /usr/bin/python3 -u ../python/test_payments_service.py --service-command "node server.js"
+    for framework in http express fastify; do
+        run_client "clients-node-$framework" "$clients_dir/node" \
+            /usr/bin/python3 -u ../python/test_payments_service.py \
+            --service-command "node server.js --framework $framework"
+    done
+    # clients/java: javac into idempotency.jar, its test a plain main; the
+    # example on the jar.
+    java_lib=$clients_tree/clients/java
+    java_cp=$jdbc_jar:$servlet_jar:$java_lib/idempotency.jar
+    if build_client clients-java-lib "$java_lib" bash -c \
+        "javac -Xlint:all -Werror -cp $servlet_jar -d classes src/idempotency/*.java &&
+         jar cf idempotency.jar -C classes . &&
+         javac -Xlint:all -Werror -cp $java_cp -d test-classes test/IdempotencyTest.java"; then
+        run_client clients-java-lib "$java_lib" java -cp "$java_cp:test-classes" IdempotencyTest
+    fi
     if build_client clients-java "$clients_dir/java" \
-        javac -Xlint:all -Werror -cp "$jdbc_jar" -d classes PaymentsService.java; then
+        javac -Xlint:all -Werror -cp "$java_cp" -d classes PaymentsService.java; then
         run_client clients-java "$clients_dir/java" \
             /usr/bin/python3 -u ../python/test_payments_service.py \
-            --service-command "java -cp $jdbc_jar:classes PaymentsService"
+            --service-command "java -cp $java_cp:classes PaymentsService"
     fi
     # pgx v4 and what it imports from Debian's sources in GOPATH mode: no
-    # module download.
-    if build_client clients-go "$clients_dir/go" \
-        env GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= GOCACHE="$clients_dir/go-cache" \
-        go build -o payments_service .; then
+    # module download.  clients/go is idempotency/idem in a GOPATH of its
+    # own; go test's verbose lines are counted.
+    go_path=$clients_tree/gopath
+    go_env=(env GO111MODULE=off GOPATH="$go_path:/usr/share/gocode" GOFLAGS= GOCACHE="$clients_tree/go-cache")
+    mkdir -p "$go_path/src/idempotency" && cp -r "$clients_tree/clients/go" "$go_path/src/idempotency/idem"
+    run_client clients-go-lib "$go_path/src/idempotency/idem" "${go_env[@]}" bash -c \
+        'go test -v -count=1 . >go-test.out 2>&1; s=$?; cat go-test.out
+         echo "$(grep -c "^--- PASS" go-test.out) passed, $(grep -c "^--- FAIL" go-test.out) failed"; exit $s'
+    if build_client clients-go "$clients_dir/go" "${go_env[@]}" go build -o payments_service .; then
         run_client clients-go "$clients_dir/go" \
             /usr/bin/python3 -u ../python/test_payments_service.py \
             --service-command ./payments_service

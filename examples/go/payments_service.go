@@ -1,18 +1,21 @@
 // Command payments_service: POST /payments with an Idempotency-Key, on the
 // idempotency extension.
 //
-// A small HTTP service (net/http, pgx v4) that shows the one-transaction
-// pattern: the claim, the business write (a row in payments) and
-// idem_complete commit together, and every outcome of idem_claim becomes its
-// HTTP answer (README, "HTTP mapping").
+// A small HTTP service on the idem package (clients/go): its net/http
+// middleware claims the key, runs the handler inside the claim's
+// transaction, stores what it writes with the completion, and answers every
+// outcome of idem_claim (README, "HTTP mapping").  What is left here is the
+// business logic and the routes.
 //
 //	POST /payments          Idempotency-Key: <key>     {"amount": 1250, "currency": "EUR"}
 //	GET  /payments/<id>
 //
 // Build with Debian's packages (golang-go, golang-github-jackc-pgx-v4-dev),
-// whose sources live in /usr/share/gocode, in GOPATH mode:
+// whose sources live in /usr/share/gocode, in GOPATH mode, with clients/go
+// as idempotency/idem in a GOPATH of its own:
 //
-//	GO111MODULE=off GOPATH=/usr/share/gocode go build -o payments_service .
+//	mkdir -p gopath/src/idempotency && ln -s "$PWD/../../clients/go" gopath/src/idempotency/idem
+//	GO111MODULE=off GOPATH="$PWD/gopath:/usr/share/gocode" go build -o payments_service .
 //
 // Connection settings come from libpq's environment variables, which pgx
 // reads too (PGHOST, PGPORT, PGDATABASE, PGUSER, ...).  Listens on
@@ -35,9 +38,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -48,101 +49,49 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgconn"
 	"github.com/jackc/pgx/v4"
 	"github.com/jackc/pgx/v4/pgxpool"
+
+	"idempotency/idem"
 )
 
-const (
-	operation = "payments.create"
-	poolSize  = 10
-	maxBody   = 1 << 20
-)
-
-const claimSQL = `
-    SELECT outcome, token, http_status, headers, raw_body, error_code, retry_after
-      FROM idem_claim($1, $2, $3::jsonb)`
+const poolSize = 10
 
 var (
 	currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
 	paymentPath     = regexp.MustCompile(`^/payments/([A-Za-z0-9_]+)$`)
+	digits          = regexp.MustCompile(`^[0-9]+$`)
 )
 
-// An HTTP answer: status, headers as [name, value] pairs (in order, repeats
-// kept) and the body's bytes.  The stored response is exactly what was
-// sent, so a replay sends the same bytes.
-type answer struct {
-	status  int
-	headers [][2]string
-	body    []byte
-}
-
-var jsonType = [2]string{"Content-Type", "application/json"}
-
-// jsonAnswer is a JSON answer with Content-Type and any further headers.
-func jsonAnswer(status int, body interface{}, more ...[2]string) (answer, error) {
-	data, err := encodeJSON(body)
-	if err != nil {
-		return answer{}, err
-	}
-	return answer{status, append([][2]string{jsonType}, more...), data}, nil
-}
-
-type clientError struct {
-	status    int
-	errorCode string
-	message   string
-}
-
-func (e *clientError) Error() string { return e.message }
-
-func errorBody(code, message string) map[string]interface{} {
-	return map[string]interface{}{"error_code": code, "message": message}
-}
-
-// A row of idem_claim; the columns are NULL where the outcome has none.
-type decision struct {
-	Outcome    string
-	Token      *string
-	HTTPStatus *int32
-	Headers    []byte // jsonb: [name, value] pairs
-	RawBody    []byte // bytea
-	ErrorCode  *string
-	RetryAfter *int32
-}
-
-// decodeJSON parses one JSON value, numbers kept as their text
-// (json.Number), and nothing after it.
-func decodeJSON(data []byte, v interface{}) error {
+// decodeJSON parses one JSON object, numbers kept as their text.
+func decodeJSON(data []byte) map[string]interface{} {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	if err := dec.Decode(v); err != nil {
-		return err
+	var v map[string]interface{}
+	if dec.Decode(&v) != nil || dec.More() {
+		return nil
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("trailing data after the JSON value")
-	}
-	return nil
+	return v
 }
 
-// encodeJSON writes a JSON value compactly (encoding/json sorts map keys;
-// replays need nothing of it, since the response is stored as the bytes
-// sent).
-func encodeJSON(v interface{}) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
+// check runs before the claim: what it refuses is answered, never stored.
+func check(r *http.Request, body []byte) error {
+	if decodeJSON(body) == nil {
+		return &idem.Error{Status: 400, ErrorCode: "INVALID_JSON", Message: "the body must be a JSON object"}
 	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+	if d := strings.TrimSpace(r.Header.Get("Simulate-Delay-Ms")); d != "" && !digits.MatchString(d) {
+		return &idem.Error{Status: 400, ErrorCode: "INVALID_HEADER", Message: "Simulate-Delay-Ms must be an integer"}
+	}
+	return nil
 }
 
 // validate is the handler's own check: a failure is stored and replayed.
 func validate(request map[string]interface{}) (amount int64, currency, problem string) {
 	n, ok := request["amount"].(json.Number)
 	if ok {
-		amount, ok = parseInt(string(n))
+		var err error
+		amount, err = strconv.ParseInt(string(n), 10, 64)
+		ok = err == nil
 	}
 	if !ok || amount <= 0 {
 		return 0, "", "amount must be a positive integer (minor units)"
@@ -154,230 +103,74 @@ func validate(request map[string]interface{}) (amount int64, currency, problem s
 	return amount, currency, ""
 }
 
-func parseInt(s string) (int64, bool) {
-	v, err := strconv.ParseInt(s, 10, 64)
-	return v, err == nil
+func writeJSON(w http.ResponseWriter, status int, v interface{}) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
 }
 
-// answerFor maps an outcome other than proceed to its answer.
-func answerFor(d *decision) (answer, error) {
-	code := ""
-	if d.ErrorCode != nil {
-		code = *d.ErrorCode
-	}
-	switch d.Outcome {
-	case "replay":
-		// The stored status, headers and body bytes, exactly as first
-		// sent, and the marker.
-		var headers [][2]string
-		if d.Headers != nil {
-			if err := json.Unmarshal(d.Headers, &headers); err != nil {
-				return answer{}, err
-			}
-		}
-		headers = append(headers, [2]string{"Idempotent-Replayed", "true"})
-		return answer{int(*d.HTTPStatus), headers, d.RawBody}, nil
-	case "in_progress":
-		return jsonAnswer(409, errorBody(code, "a request with this Idempotency-Key is still being processed"),
-			[2]string{"Retry-After", strconv.Itoa(int(*d.RetryAfter))})
-	case "mismatch":
-		return jsonAnswer(422, errorBody(code, "this Idempotency-Key was used for a different request"))
-	case "unknown":
-		return jsonAnswer(409, errorBody(code, "the outcome of the first attempt is unknown; query the payment before retrying"))
-	case "expired":
-		return jsonAnswer(409, errorBody(code, "this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key"))
-	case "rate_limited":
-		// Nothing was written: the same request, same key, may come again.
-		return jsonAnswer(429, errorBody(code, "too many new requests from this client; send it again after Retry-After seconds, with the same Idempotency-Key"),
-			[2]string{"Retry-After", strconv.Itoa(int(*d.RetryAfter))})
-	}
-	return answer{}, fmt.Errorf("unexpected outcome %q", d.Outcome)
-}
-
-// inTransaction runs work in one transaction: it commits when work returns
-// no error and rolls back otherwise.  The answer is returned only once the
-// commit succeeded.  It waits 30 s at most for a free connection.
-func inTransaction(ctx context.Context, pool *pgxpool.Pool, work func(pgx.Tx) (answer, error)) (answer, error) {
-	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	conn, err := pool.Acquire(waitCtx)
-	cancel()
-	if err != nil {
-		return answer{}, err
-	}
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return answer{}, err
-	}
-	defer tx.Rollback(ctx) // does nothing once committed
-	result, err := work(tx)
-	if err != nil {
-		return answer{}, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return answer{}, err
-	}
-	return result, nil
-}
-
-// createPayment: claim, write, complete, in one transaction.
-func createPayment(ctx context.Context, pool *pgxpool.Pool, key string, request map[string]interface{},
-	delay time.Duration, fail bool) (answer, error) {
-	reqJSON, err := encodeJSON(request)
-	if err != nil {
-		return answer{}, err
-	}
-	return inTransaction(ctx, pool, func(tx pgx.Tx) (answer, error) {
-		var d decision
-		err := tx.QueryRow(ctx, claimSQL, operation, key, string(reqJSON)).
-			Scan(&d.Outcome, &d.Token, &d.HTTPStatus, &d.Headers, &d.RawBody, &d.ErrorCode, &d.RetryAfter)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "22023" || pgErr.Code == "22004") {
-			// A bad key (invalid_parameter_value, null_value_not_allowed):
-			// the client sent it.
-			return answer{}, &clientError{400, "IDEMPOTENCY_KEY_INVALID", pgErr.Message}
-		} else if err != nil {
-			return answer{}, err
-		}
-		if d.Outcome != "proceed" {
-			// Commit all the same: a claim that found an ended lease may
-			// have moved the record to unknown.
-			return answerFor(&d)
-		}
-		amount, currency, problem := validate(request)
-		if problem != "" {
-			// A stable failure: stored, replayed to every retry.
-			a, err := jsonAnswer(400, errorBody("VALIDATION_FAILED", problem))
-			if err != nil {
-				return answer{}, err
-			}
-			if err := store(ctx, tx, `SELECT idem_fail($1, 400, headers => $2::jsonb, raw_body => $3)`,
-				*d.Token, a); err != nil {
-				return answer{}, err
-			}
-			return a, nil
-		}
-		var id string
-		if err := tx.QueryRow(ctx, `INSERT INTO payments (idempotency_key, amount, currency)
-		                             VALUES ($1, $2, $3) RETURNING id`, key, amount, currency).Scan(&id); err != nil {
-			return answer{}, err
-		}
-		if delay > 0 {
-			time.Sleep(delay)
-		}
-		if fail {
-			return answer{}, errors.New("simulated failure after the write")
-		}
-		a, err := jsonAnswer(201, paymentBody(id, amount, currency), [2]string{"Location", "/payments/" + id})
-		if err != nil {
-			return answer{}, err
-		}
-		if err := store(ctx, tx, `SELECT idem_complete($1, 201, headers => $2::jsonb, raw_body => $3,
-		                                           resource_id => $4)`, *d.Token, a, id); err != nil {
-			return answer{}, err
-		}
-		return a, nil
-	})
-}
-
-// store runs idem_complete or idem_fail with the token, the answer's
-// headers (as a JSON list of pairs) and body bytes, and any further
-// arguments.
-func store(ctx context.Context, tx pgx.Tx, sql, token string, a answer, more ...interface{}) error {
-	headers, err := json.Marshal(a.headers)
-	if err != nil {
-		return err
-	}
-	_, err = tx.Exec(ctx, sql, append([]interface{}{token, string(headers), a.body}, more...)...)
-	return err
+func errorBody(code, message string) map[string]string {
+	return map[string]string{"error_code": code, "message": message}
 }
 
 func paymentBody(id string, amount int64, currency string) map[string]interface{} {
 	return map[string]interface{}{"id": id, "amount": amount, "currency": currency, "status": "created"}
 }
 
-func getPayment(ctx context.Context, pool *pgxpool.Pool, id string) (answer, error) {
-	return inTransaction(ctx, pool, func(tx pgx.Tx) (answer, error) {
-		var amount int64
-		var currency string
-		err := tx.QueryRow(ctx, `SELECT id, amount, currency FROM payments WHERE id = $1`, id).
-			Scan(&id, &amount, &currency)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return jsonAnswer(404, errorBody("NOT_FOUND", "no such payment"))
-		} else if err != nil {
-			return answer{}, err
-		}
-		return jsonAnswer(200, paymentBody(id, amount, currency))
-	})
+// createPayment runs once per key, behind the middleware, inside the
+// claim's transaction: a 201 is stored with idem_complete, a 400 with
+// idem_fail, a 500 rolls everything back.
+func createPayment(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	amount, currency, problem := validate(decodeJSON(idem.BodyFrom(ctx)))
+	if problem != "" {
+		writeJSON(w, 400, errorBody("VALIDATION_FAILED", problem))
+		return
+	}
+	var id string
+	if err := idem.QuerierFrom(ctx).QueryRow(ctx, `INSERT INTO payments (idempotency_key, amount, currency)
+	                                                 VALUES ($1, $2, $3) RETURNING id`,
+		idem.AttemptFrom(ctx).Key, amount, currency).Scan(&id); err != nil {
+		log.Printf("POST /payments failed: %v", err)
+		writeJSON(w, 500, errorBody("INTERNAL_ERROR", "try again"))
+		return
+	}
+	ms, _ := strconv.Atoi(strings.TrimSpace(r.Header.Get("Simulate-Delay-Ms")))
+	if ms > 10000 || ms < 0 {
+		ms = 10000
+	}
+	time.Sleep(time.Duration(ms) * time.Millisecond)
+	if strings.EqualFold(r.Header.Get("Simulate-Failure"), "true") {
+		writeJSON(w, 500, errorBody("INTERNAL_ERROR", "simulated failure after the write"))
+		return
+	}
+	w.Header().Set("Location", "/payments/"+id)
+	writeJSON(w, 201, paymentBody(id, amount, currency))
 }
 
-type server struct {
-	pool    *pgxpool.Pool
-	verbose bool
+func getPayment(pool *pgxpool.Pool, w http.ResponseWriter, r *http.Request, id string) {
+	var amount int64
+	var currency string
+	err := pool.QueryRow(r.Context(), `SELECT id, amount, currency FROM payments WHERE id = $1`, id).
+		Scan(&id, &amount, &currency)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		writeJSON(w, 404, errorBody("NOT_FOUND", "no such payment"))
+	case err != nil:
+		log.Printf("GET /payments/%s failed: %v", id, err)
+		writeJSON(w, 500, errorBody("INTERNAL_ERROR", "try again"))
+	default:
+		writeJSON(w, 200, paymentBody(id, amount, currency))
+	}
 }
 
-func (s *server) route(r *http.Request) (answer, error) {
-	path := r.URL.RequestURI()
-	if r.Method == http.MethodPost && path == "/payments" {
-		keys, ok := r.Header["Idempotency-Key"]
-		if !ok {
-			return answer{}, &clientError{400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required"}
-		}
-		data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-		if err != nil {
-			return answer{}, err
-		}
-		if len(data) > maxBody {
-			return answer{}, &clientError{413, "BODY_TOO_LARGE", "the body is too large"}
-		}
-		var request map[string]interface{}
-		if decodeJSON(data, &request) != nil || request == nil {
-			return answer{}, &clientError{400, "INVALID_JSON", "the body must be a JSON object"}
-		}
-		delay := strings.TrimSpace(r.Header.Get("Simulate-Delay-Ms"))
-		if delay == "" {
-			delay = "0"
-		}
-		ms, ok := new(big.Int).SetString(delay, 10)
-		if !ok {
-			return answer{}, &clientError{400, "INVALID_HEADER", "Simulate-Delay-Ms must be an integer"}
-		}
-		if ms.Sign() < 0 {
-			ms.SetInt64(0)
-		} else if ms.Cmp(big.NewInt(10000)) > 0 {
-			ms.SetInt64(10000)
-		}
-		fail := strings.EqualFold(r.Header.Get("Simulate-Failure"), "true")
-		return createPayment(r.Context(), s.pool, keys[0], request, time.Duration(ms.Int64())*time.Millisecond, fail)
-	}
-	if m := paymentPath.FindStringSubmatch(path); r.Method == http.MethodGet && m != nil {
-		return getPayment(r.Context(), s.pool, m[1])
-	}
-	return answer{}, &clientError{404, "NOT_FOUND", "no such resource"}
+// logged records what each request got.
+type logged struct {
+	http.ResponseWriter
+	status int
 }
 
-func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	result, err := s.route(r)
-	var ce *clientError
-	if errors.As(err, &ce) {
-		result, err = jsonAnswer(ce.status, errorBody(ce.errorCode, ce.message))
-	} else if err != nil { // the transaction rolled back: a retry proceeds
-		log.Printf("%s %s failed: %v", r.Method, r.URL.RequestURI(), err)
-		result, err = jsonAnswer(500, errorBody("INTERNAL_ERROR", "try again"))
-	}
-	if err != nil {
-		result = answer{status: 500}
-	}
-	for _, h := range result.headers {
-		w.Header().Add(h[0], h[1])
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(result.body)))
-	w.WriteHeader(result.status)
-	w.Write(result.body)
-	if s.verbose {
-		log.Printf("%s %s %d", r.Method, r.URL.RequestURI(), result.status)
-	}
-}
+func (l *logged) WriteHeader(status int) { l.status = status; l.ResponseWriter.WriteHeader(status) }
 
 func main() {
 	port := flag.Int("port", 8000, "the port to listen on (0: a free one)")
@@ -398,12 +191,29 @@ func main() {
 	}
 	defer pool.Close()
 
+	create := idem.Middleware(idem.Pgx{Pool: pool}, idem.Options{Operation: "payments.create", Check: check})(
+		http.HandlerFunc(createPayment))
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		lw := &logged{w, 200}
+		path := r.URL.RequestURI()
+		if m := paymentPath.FindStringSubmatch(path); r.Method == http.MethodGet && m != nil {
+			getPayment(pool, lw, r, m[1])
+		} else if r.Method == http.MethodPost && path == "/payments" {
+			create.ServeHTTP(lw, r)
+		} else {
+			writeJSON(lw, 404, errorBody("NOT_FOUND", "no such resource"))
+		}
+		if !*quiet {
+			log.Printf("%s %s %d", r.Method, path, lw.status)
+		}
+	})
+
 	listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(*port)))
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("listening on http://127.0.0.1:%d\n", listener.Addr().(*net.TCPAddr).Port)
-	srv := &http.Server{Handler: &server{pool, !*quiet}, ReadHeaderTimeout: 30 * time.Second}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
 	stopped := make(chan struct{})
 	go func() { // on SIGTERM, let the running requests end (5 s at most)
 		defer close(stopped)

@@ -1,13 +1,15 @@
 #!/usr/bin/env node
 // POST /payments with an Idempotency-Key, on the idempotency extension.
 //
-// A small HTTP service (node's http module, node-postgres) that shows the
-// one-transaction pattern: the claim, the business write (a row in payments)
-// and idem_complete commit together, and every outcome of idem_claim becomes
-// its HTTP answer (README, "HTTP mapping").
+// A small HTTP service on @idempotency/pg (clients/node): the claim, the
+// business write (a row in payments) and the completion commit together,
+// and every outcome of idem_claim becomes its HTTP answer (README, "HTTP
+// mapping").  What is left here is the business logic and the routes.
 //
 //     POST /payments          Idempotency-Key: <key>     {"amount": 1250, "currency": "EUR"}
 //     GET  /payments/<id>
+//
+//     node server.js [--port N] [--framework http|express|fastify] [--quiet]
 //
 // Connection settings come from libpq's environment variables, which
 // node-postgres reads too (PGHOST, PGPORT, PGDATABASE, PGUSER, ...).
@@ -24,31 +26,10 @@
 
 const http = require('node:http');
 const { Pool } = require('pg');
+const { Idempotency, HttpError } = require('@idempotency/pg');
 
-const OPERATION = 'payments.create';
 const POOL_SIZE = 10;
-const MAX_BODY = 1 << 20;
-
-// SQLSTATEs idem_claim raises for a bad key: invalid_parameter_value and
-// null_value_not_allowed.  The client sent it: 400.
-const BAD_INPUT = new Set(['22023', '22004']);
-
-const CLAIM_SQL = `
-    SELECT outcome, token, http_status, headers, raw_body, error_code, retry_after
-      FROM idem_claim($1, $2, $3::jsonb)`;
-
 const JSON_TYPE = ['Content-Type', 'application/json'];
-
-class ClientError extends Error {
-  constructor(status, errorCode, message) {
-    super(message);
-    this.status = status;
-    this.errorCode = errorCode;
-  }
-}
-
-// A JSON answer as the bytes sent.  The stored response is these very bytes
-// (raw_body), so a replay is the same bytes.
 const encode = (value) => Buffer.from(JSON.stringify(value));
 
 // The handler's own checks: a failure is stored and replayed.
@@ -63,174 +44,149 @@ function validate(request) {
   return null;
 }
 
-// Map an outcome other than proceed to [status, headers, body]: headers a
-// list of [name, value] pairs, body a Buffer.
-function answer(decision) {
-  const error = { error_code: decision.error_code };
-  switch (decision.outcome) {
-    case 'replay':
-      // The stored status, headers (in order, repeats kept) and body bytes,
-      // exactly as first sent, and the marker.
-      return [decision.http_status,
-        [...(decision.headers || []), ['Idempotent-Replayed', 'true']],
-        decision.raw_body || Buffer.alloc(0)];
-    case 'in_progress':
-      error.message = 'a request with this Idempotency-Key is still being processed';
-      return [409, [JSON_TYPE, ['Retry-After', String(decision.retry_after)]], encode(error)];
-    case 'mismatch':
-      error.message = 'this Idempotency-Key was used for a different request';
-      return [422, [JSON_TYPE], encode(error)];
-    case 'unknown':
-      error.message = 'the outcome of the first attempt is unknown; query the payment before retrying';
-      return [409, [JSON_TYPE], encode(error)];
-    case 'expired':
-      error.message = 'this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key';
-      return [409, [JSON_TYPE], encode(error)];
-    case 'rate_limited':
-      // Nothing was written: the same request, same key, may come again.
-      error.message = 'too many new requests from this client; send it again after Retry-After seconds, with the same Idempotency-Key';
-      return [429, [JSON_TYPE, ['Retry-After', String(decision.retry_after)]], encode(error)];
-    default:
-      throw new Error(`unexpected outcome ${decision.outcome}`);
+// Checks before the claim: answered, never stored.
+function checkRequest(req, body) {
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+    throw new HttpError(400, 'INVALID_JSON', 'the body must be a JSON object');
+  }
+  if (!/^\d+$/.test(req.headers['simulate-delay-ms'] || '0')) {
+    throw new HttpError(400, 'INVALID_HEADER', 'Simulate-Delay-Ms must be an integer');
   }
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-// Claim, write, complete: one transaction.  Resolves to [status, headers, body].
-async function createPayment(pool, key, request, { delayMs = 0, fail = false } = {}) {
-  const client = await pool.connect();
-  let committed = false;
-  let broken = null;
-  try {
-    await client.query('BEGIN');
-    let decision;
-    try {
-      ({ rows: [decision] } = await client.query(
-        CLAIM_SQL, [OPERATION, key, JSON.stringify(request)]));
-    } catch (err) {
-      if (BAD_INPUT.has(err.code)) throw new ClientError(400, 'IDEMPOTENCY_KEY_INVALID', err.message);
-      throw err;
-    }
-    let result;
-    if (decision.outcome !== 'proceed') {
-      // Commit all the same: a claim that found an ended lease may have
-      // moved the record to unknown.
-      result = answer(decision);
-    } else {
-      const problem = validate(request);
-      if (problem !== null) {
-        // A stable failure: stored, replayed to every retry.
-        const headers = [JSON_TYPE];
-        const body = encode({ error_code: 'VALIDATION_FAILED', message: problem });
-        await client.query('SELECT idem_fail($1, 400, headers => $2, raw_body => $3)',
-          [decision.token, JSON.stringify(headers), body]);
-        result = [400, headers, body];
-      } else {
-        const { rows: [payment] } = await client.query(
-          `INSERT INTO payments (idempotency_key, amount, currency)
-           VALUES ($1, $2, $3) RETURNING id`, [key, request.amount, request.currency]);
-        if (delayMs > 0) await sleep(delayMs);
-        if (fail) throw new Error('simulated failure after the write');
-        const body = encode({ id: payment.id, amount: request.amount, currency: request.currency, status: 'created' });
-        const headers = [JSON_TYPE, ['Location', `/payments/${payment.id}`]];
-        await client.query(
-          'SELECT idem_complete($1, 201, headers => $2, resource_id => $3, raw_body => $4)',
-          [decision.token, JSON.stringify(headers), payment.id, body]);
-        result = [201, headers, body];
-      }
-    }
-    await client.query('COMMIT');
-    committed = true;
-    return result; // only once the transaction has committed
-  } finally {
-    if (!committed) {
-      await client.query('ROLLBACK').catch((err) => { broken = err; });
-    }
-    client.release(broken || undefined);
+// Runs once per key, inside the claim's transaction, on its client.
+async function createPayment(client, { key, body, req }) {
+  const problem = validate(body);
+  if (problem !== null) {
+    return { status: 400, body: { error_code: 'VALIDATION_FAILED', message: problem }, failed: true };
   }
+  const { rows: [payment] } = await client.query(
+    'INSERT INTO payments (idempotency_key, amount, currency) VALUES ($1, $2, $3) RETURNING id',
+    [key, body.amount, body.currency]);
+  const delay = Math.min(Number(req.headers['simulate-delay-ms'] || 0), 10000);
+  if (delay > 0) await sleep(delay);
+  if ((req.headers['simulate-failure'] || '').toLowerCase() === 'true') {
+    throw new Error('simulated failure after the write');
+  }
+  return {
+    status: 201,
+    headers: [JSON_TYPE, ['Location', `/payments/${payment.id}`]],
+    body: encode({ id: payment.id, amount: body.amount, currency: body.currency, status: 'created' }),
+    resourceId: payment.id,
+  };
 }
 
 async function getPayment(pool, id) {
   const { rows } = await pool.query('SELECT id, amount, currency FROM payments WHERE id = $1', [id]);
-  if (rows.length === 0) return [404, [JSON_TYPE], encode({ error_code: 'NOT_FOUND', message: 'no such payment' })];
+  if (rows.length === 0) return { status: 404, body: { error_code: 'NOT_FOUND', message: 'no such payment' } };
   const p = rows[0]; // bigint comes back as a string
-  return [200, [JSON_TYPE], encode({ id: p.id, amount: Number(p.amount), currency: p.currency, status: 'created' })];
+  return { status: 200, body: { id: p.id, amount: Number(p.amount), currency: p.currency, status: 'created' } };
 }
 
-function readBody(req) {
-  return new Promise((resolve, reject) => {
-    const chunks = [];
-    let size = 0;
-    req.on('data', (chunk) => {
-      size += chunk.length;
-      if (size > MAX_BODY) reject(new ClientError(413, 'BODY_TOO_LARGE', 'the body is too large'));
-      else chunks.push(chunk);
-    });
-    req.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')));
-    req.on('error', reject);
-  });
-}
+const PAYMENT_PATH = /^\/payments\/([A-Za-z0-9_]+)$/;
+const OPTIONS = { operation: 'payments.create', validateRequest: checkRequest };
+const internalError = { error_code: 'INTERNAL_ERROR', message: 'try again' };
 
-// Send status, headers ([name, value] pairs, in order, repeats kept) and body.
-function respond(res, [status, headers, body]) {
-  res.writeHead(status, [...headers, ['Content-Length', String(body.length)]].flat());
-  res.end(body);
-}
-
-async function handle(pool, req) {
-  if (req.method === 'POST' && req.url === '/payments') {
-    const key = req.headers['idempotency-key'];
-    if (key === undefined) {
-      throw new ClientError(400, 'IDEMPOTENCY_KEY_MISSING', 'the Idempotency-Key header is required');
-    }
-    let request = null;
-    try {
-      request = JSON.parse(await readBody(req));
-    } catch (err) {
-      if (err instanceof ClientError) throw err;
-    }
-    if (request === null || typeof request !== 'object' || Array.isArray(request)) {
-      throw new ClientError(400, 'INVALID_JSON', 'the body must be a JSON object');
-    }
-    const delay = req.headers['simulate-delay-ms'] || '0';
-    if (!/^\d+$/.test(delay)) throw new ClientError(400, 'INVALID_HEADER', 'Simulate-Delay-Ms must be an integer');
-    return createPayment(pool, key, request, {
-      delayMs: Math.min(Number(delay), 10000),
-      fail: (req.headers['simulate-failure'] || '').toLowerCase() === 'true',
-    });
-  }
-  const m = req.method === 'GET' && /^\/payments\/([A-Za-z0-9_]+)$/.exec(req.url);
-  if (m) return getPayment(pool, m[1]);
-  throw new ClientError(404, 'NOT_FOUND', 'no such resource');
-}
-
-function createServer(pool, { verbose = true } = {}) {
-  return http.createServer((req, res) => {
-    handle(pool, req).then((result) => result, (err) => {
-      if (err instanceof ClientError) {
-        return [err.status, [JSON_TYPE], encode({ error_code: err.errorCode, message: err.message })];
+// The same routes in each framework.  log(method, url, status) is called
+// once per request.
+const frameworks = {
+  http(pool, idem, log) {
+    const { idempotent, send } = require('@idempotency/pg/http');
+    const onError = (err, req) => console.error(`${req.method} ${req.url} failed: ${err.message}`);
+    const create = idempotent(idem, { ...OPTIONS, onError }, createPayment);
+    return http.createServer(async (req, res) => {
+      let response;
+      const m = PAYMENT_PATH.exec(req.url);
+      if (req.method === 'POST' && req.url === '/payments') {
+        response = await create(req, res);
+      } else if (req.method === 'GET' && m) {
+        const r = await getPayment(pool, m[1]).catch((err) => {
+          onError(err, req);
+          return { status: 500, body: internalError };
+        });
+        response = { status: r.status, headers: [JSON_TYPE], body: encode(r.body) };
+        send(res, response);
+      } else {
+        response = new HttpError(404, 'NOT_FOUND', 'no such resource').toResponse();
+        send(res, response);
       }
-      // The transaction rolled back: a retry proceeds.
-      console.error(`${req.method} ${req.url} failed: ${err.message}`);
-      return [500, [JSON_TYPE], encode({ error_code: 'INTERNAL_ERROR', message: 'try again' })];
-    }).then((result) => {
-      respond(res, result);
-      if (verbose) console.error(`${req.method} ${req.url} ${result[0]}`);
+      log(req.method, req.url, response.status);
     });
-  });
-}
+  },
 
-function main() {
+  express(pool, idem, log) {
+    const express = require('express');
+    const { idempotent } = require('@idempotency/pg/express');
+    const app = express();
+    app.disable('x-powered-by');
+    app.use((req, res, next) => {
+      res.on('finish', () => log(req.method, req.originalUrl, res.statusCode));
+      next();
+    });
+    app.post('/payments', express.json({ limit: '1mb' }), idempotent(idem, OPTIONS, createPayment));
+    app.get('/payments/:id', (req, res, next) => {
+      if (!PAYMENT_PATH.test(req.path)) return next();
+      return getPayment(pool, req.params.id).then((r) => res.status(r.status).json(r.body), next);
+    });
+    app.use((req, res) => res.status(404).json({ error_code: 'NOT_FOUND', message: 'no such resource' }));
+    app.use((err, req, res, next) => { // eslint-disable-line no-unused-vars
+      if (err.status >= 400 && err.status < 500) {
+        return res.status(err.status).json({ error_code: 'INVALID_JSON', message: err.message });
+      }
+      console.error(`${req.method} ${req.originalUrl} failed: ${err.message}`);
+      return res.status(500).json(internalError);
+    });
+    return http.createServer(app);
+  },
+
+  fastify(pool, idem, log) {
+    const fastify = require('fastify')({ bodyLimit: 1 << 20 });
+    const { idempotent } = require('@idempotency/pg/fastify');
+    fastify.addHook('onResponse', async (request, reply) => log(request.method, request.url, reply.statusCode));
+    fastify.post('/payments', idempotent(idem, OPTIONS, createPayment));
+    fastify.get('/payments/:id', async (request, reply) => {
+      if (!PAYMENT_PATH.test(request.url)) return reply.code(404).send({ error_code: 'NOT_FOUND', message: 'no such resource' });
+      const r = await getPayment(pool, request.params.id);
+      return reply.code(r.status).send(r.body);
+    });
+    fastify.setNotFoundHandler((request, reply) => reply.code(404).send({ error_code: 'NOT_FOUND', message: 'no such resource' }));
+    fastify.setErrorHandler((err, request, reply) => {
+      if (err.statusCode >= 400 && err.statusCode < 500) {
+        return reply.code(err.statusCode).send({ error_code: 'INVALID_JSON', message: err.message });
+      }
+      console.error(`${request.method} ${request.url} failed: ${err.message}`);
+      return reply.code(500).send(internalError);
+    });
+    return fastify;
+  },
+};
+
+async function main() {
   const args = process.argv.slice(2);
-  const portArg = args.indexOf('--port');
-  const port = portArg >= 0 ? Number(args[portArg + 1]) : 8000;
+  const option = (name, fallback) => (args.includes(name) ? args[args.indexOf(name) + 1] : fallback);
+  const port = Number(option('--port', 8000));
+  const framework = option('--framework', 'http');
+  if (!Object.hasOwn(frameworks, framework)) {
+    console.error(`--framework must be one of ${Object.keys(frameworks).join(', ')}`);
+    process.exit(2);
+  }
+  const quiet = args.includes('--quiet');
+  const log = quiet ? () => {} : (method, url, status) => console.error(`${method} ${url} ${status}`);
   const pool = new Pool({ max: POOL_SIZE, connectionTimeoutMillis: 30000 });
   pool.on('error', (err) => console.error(`idle connection lost: ${err.message}`));
-  const server = createServer(pool, { verbose: !args.includes('--quiet') });
-  server.listen(port, '127.0.0.1', 511, () => {
-    console.log(`listening on http://127.0.0.1:${server.address().port}`);
-  });
+  const idem = new Idempotency(pool);
+  const app = frameworks[framework](pool, idem, log);
+  let server;
+  if (framework === 'fastify') {
+    await app.listen({ port, host: '127.0.0.1' });
+    server = app.server;
+  } else {
+    server = app;
+    await new Promise((resolve) => server.listen(port, '127.0.0.1', 511, resolve));
+  }
+  console.log(`listening on http://127.0.0.1:${server.address().port}`);
   const stop = () => {
     server.close();
     server.closeAllConnections?.();
@@ -240,6 +196,11 @@ function main() {
   process.on('SIGINT', stop);
 }
 
-if (require.main === module) main();
+if (require.main === module) {
+  main().catch((err) => {
+    console.error(err);
+    process.exit(1);
+  });
+}
 
-module.exports = { createServer, createPayment };
+module.exports = { createPayment, frameworks };

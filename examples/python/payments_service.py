@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
 """POST /payments with an Idempotency-Key, on the idempotency extension.
 
-A small HTTP service (standard library http.server, psycopg2) that shows the
-one-transaction pattern: the claim, the business write (a row in payments)
-and idem_complete commit together, and every outcome of idem_claim becomes
-its HTTP answer (README, "HTTP mapping").
+A small HTTP service on idempotency_pg (clients/python): the claim, the
+business write (a row in payments) and the completion commit together, and
+every outcome of idem_claim becomes its HTTP answer (README, "HTTP
+mapping").  What is left here is the business logic and the routes.
 
     POST /payments          Idempotency-Key: <key>     {"amount": 1250, "currency": "EUR"}
     GET  /payments/<id>
+
+    payments_service.py [--port N] [--framework wsgi|asgi] [--driver psycopg2|psycopg]
+                        [--no-prepared-statements] [--quiet]
+
+wsgi: Flask on werkzeug's threaded server, over psycopg2 (default) or
+psycopg 3; asgi: Starlette on uvicorn, over psycopg 3's async API.
+--no-prepared-statements keeps psycopg 3 from preparing statements, for
+pgbouncer in transaction mode.
 
 Connection settings come from libpq's environment (PGHOST, PGPORT,
 PGDATABASE, PGUSER, ...).  Listens on 127.0.0.1; `--port 0` picks a free
@@ -24,71 +32,41 @@ of its fingerprint) make the handler misbehave:
 import argparse
 import contextlib
 import json
+import os
 import re
+import socket
 import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import psycopg2
-import psycopg2.pool
-from psycopg2.extras import Json
+try:
+    import idempotency_pg
+except ImportError:  # run from a source tree: the library beside examples/
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python"))
+    import idempotency_pg
 
-OPERATION = "payments.create"
+from idempotency_pg import HttpError
+
 POOL_SIZE = 10
-
-# SQLSTATEs idem_claim raises for a bad key: invalid_parameter_value and
-# null_value_not_allowed.  The client sent it: 400.
-BAD_INPUT = {"22023", "22004"}
-
-CLAIM_SQL = """
-    SELECT outcome, token, http_status, headers, body, raw_body, error_code, retry_after
-      FROM idem_claim(%(operation)s, %(key)s, %(request)s::jsonb)
-"""
-
 JSON = ("Content-Type", "application/json")
+OPERATION = "payments.create"
+INSERT = "INSERT INTO payments (idempotency_key, amount, currency) VALUES (%s, %s, %s) RETURNING id"
+SELECT = "SELECT id, amount, currency FROM payments WHERE id = %s"
 
 
 def encode(value):
-    """A JSON answer as the bytes sent.  The stored response is these very
-    bytes (raw_body), so a replay is the same bytes whatever the encoder."""
     return json.dumps(value).encode()
 
 
-class Pool:
-    """A ThreadedConnectionPool that waits for a free connection instead of
-    raising when all are in use."""
-
-    def __init__(self, size):
-        self._pool = psycopg2.pool.ThreadedConnectionPool(1, size, "")
-        self._free = threading.BoundedSemaphore(size)
-
-    @contextlib.contextmanager
-    def connection(self):
-        with self._free:
-            conn = self._pool.getconn()
-            broken = False
-            try:
-                yield conn
-            except psycopg2.OperationalError:
-                broken = True
-                raise
-            finally:
-                if not conn.closed and conn.status != psycopg2.extensions.STATUS_READY:
-                    conn.rollback()
-                self._pool.putconn(conn, close=broken or bool(conn.closed))
-
-
-class ClientError(Exception):
-    def __init__(self, status, error_code, message):
-        super().__init__(message)
-        self.status, self.error_code, self.message = status, error_code, message
+def check_request(req, body):
+    """Checks before the claim: answered, never stored."""
+    if not isinstance(body, dict):
+        raise HttpError(400, "INVALID_JSON", "the body must be a JSON object")
+    if not re.fullmatch(r"\d+", req.headers.get("Simulate-Delay-Ms") or "0"):
+        raise HttpError(400, "INVALID_HEADER", "Simulate-Delay-Ms must be an integer")
 
 
 def validate(request):
     """The handler's own checks: a failure is stored and replayed."""
-    amount = request.get("amount")
-    currency = request.get("currency")
+    amount, currency = request.get("amount"), request.get("currency")
     if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
         return "amount must be a positive integer (minor units)"
     if not isinstance(currency, str) or not re.fullmatch(r"[A-Z]{3}", currency):
@@ -96,176 +74,177 @@ def validate(request):
     return None
 
 
-def answer(decision):
-    """Map an outcome other than proceed to (status, headers, body bytes)."""
-    outcome = decision["outcome"]
-    if outcome == "replay":
-        # The stored status, headers (a list of [name, value] pairs, in
-        # order) and body bytes, exactly as first sent, and the marker.
-        headers = [tuple(h) for h in decision["headers"] or []]
-        headers.append(("Idempotent-Replayed", "true"))
-        return decision["http_status"], headers, bytes(decision["raw_body"] or b"")
-    error = {"error_code": decision["error_code"]}
-    if outcome == "in_progress":
-        error["message"] = "a request with this Idempotency-Key is still being processed"
-        return 409, [JSON, ("Retry-After", str(decision["retry_after"]))], encode(error)
-    if outcome == "mismatch":
-        error["message"] = "this Idempotency-Key was used for a different request"
-        return 422, [JSON], encode(error)
-    if outcome == "unknown":
-        error["message"] = "the outcome of the first attempt is unknown; query the payment before retrying"
-        return 409, [JSON], encode(error)
-    if outcome == "expired":
-        error["message"] = "this Idempotency-Key has expired; look the payment up by its reference before sending it again with a new key"
-        return 409, [JSON], encode(error)
-    if outcome == "rate_limited":
-        # Nothing was written: the same request, same key, may come again.
-        error["message"] = "too many new requests from this client; send it again after Retry-After seconds, with the same Idempotency-Key"
-        return 429, [JSON, ("Retry-After", str(decision["retry_after"]))], encode(error)
-    raise RuntimeError("unexpected outcome %r" % outcome)
+def misbehave(headers):
+    """The test hooks: (seconds to sleep after the write, whether to raise)."""
+    return (min(int(headers.get("Simulate-Delay-Ms") or 0), 10000) / 1000,
+            (headers.get("Simulate-Failure") or "").lower() == "true")
 
 
-def create_payment(pool, key, request, delay_ms=0, fail=False):
-    """Claim, write, complete: one transaction.  Returns (status, headers, body)."""
-    with pool.connection() as conn:
-        with conn:  # commits when the block ends, rolls back on an exception
-            with conn.cursor() as cur:
-                try:
-                    cur.execute(CLAIM_SQL, {"operation": OPERATION, "key": key,
-                                            "request": Json(request)})
-                except psycopg2.Error as e:
-                    if e.pgcode in BAD_INPUT:
-                        raise ClientError(400, "IDEMPOTENCY_KEY_INVALID",
-                                          e.diag.message_primary)
-                    raise
-                names = [c.name for c in cur.description]
-                decision = dict(zip(names, cur.fetchone()))
-                if decision["outcome"] != "proceed":
-                    # Commit all the same: a claim that found an ended lease
-                    # may have moved the record to unknown.
-                    result = answer(decision)
-                else:
-                    token = decision["token"]
-                    problem = validate(request)
-                    if problem is not None:
-                        # A stable failure: stored, replayed to every retry.
-                        headers = [JSON]
-                        body = encode({"error_code": "VALIDATION_FAILED", "message": problem})
-                        cur.execute("SELECT idem_fail(%s, 400, headers => %s, raw_body => %s)",
-                                    (token, Json(headers), psycopg2.Binary(body)))
-                        result = (400, headers, body)
-                    else:
-                        cur.execute(
-                            "INSERT INTO payments (idempotency_key, amount, currency)"
-                            " VALUES (%s, %s, %s) RETURNING id",
-                            (key, request["amount"], request["currency"]))
-                        payment_id = cur.fetchone()[0]
-                        if delay_ms:
-                            time.sleep(delay_ms / 1000.0)
-                        if fail:
-                            raise RuntimeError("simulated failure after the write")
-                        body = encode({"id": payment_id, "amount": request["amount"],
-                                       "currency": request["currency"], "status": "created"})
-                        headers = [JSON, ("Location", "/payments/" + payment_id)]
-                        cur.execute("SELECT idem_complete(%s, 201, headers => %s,"
-                                    " resource_id => %s, raw_body => %s)",
-                                    (token, Json(headers), payment_id, psycopg2.Binary(body)))
-                        result = (201, headers, body)
-    return result  # only once the transaction has committed
+def refused(body):
+    problem = validate(body)
+    if problem is None:
+        return None
+    return {"status": 400, "body": encode({"error_code": "VALIDATION_FAILED", "message": problem}),
+            "headers": [JSON], "failed": True}
 
 
-def get_payment(pool, payment_id):
-    with pool.connection() as conn:
-        with conn, conn.cursor() as cur:
-            cur.execute("SELECT id, amount, currency FROM payments WHERE id = %s",
-                        (payment_id,))
-            row = cur.fetchone()
+def created(payment_id, body):
+    return {"status": 201, "headers": [JSON, ("Location", "/payments/" + payment_id)],
+            "body": encode({"id": payment_id, "amount": body["amount"], "currency": body["currency"],
+                            "status": "created"}),
+            "resource_id": payment_id}
+
+
+def found(row):
     if row is None:
-        return 404, [JSON], encode({"error_code": "NOT_FOUND", "message": "no such payment"})
-    return 200, [JSON], encode({"id": row[0], "amount": row[1], "currency": row[2],
-                                "status": "created"})
+        return 404, encode({"error_code": "NOT_FOUND", "message": "no such payment"})
+    return 200, encode({"id": row[0], "amount": row[1], "currency": row[2], "status": "created"})
 
 
-class Handler(BaseHTTPRequestHandler):
-    server_version = "idempotency-example-python"
+def wsgi_app(driver, prepare):
+    """Flask over psycopg2 or psycopg 3."""
+    import time
 
-    def do_POST(self):
+    from flask import Flask, Response
+
+    from idempotency_pg.wsgi import idempotent
+
+    if driver == "psycopg2":
+        from psycopg2.pool import ThreadedConnectionPool
+        pool = ThreadedConnectionPool(1, POOL_SIZE, "")
+    else:
+        from psycopg_pool import ConnectionPool
+        kwargs = {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
+        pool = ConnectionPool("", kwargs=kwargs, min_size=1, max_size=POOL_SIZE)
+    idem = idempotency_pg.Idempotency(pool)
+    app = Flask(__name__)
+
+    def query(conn, sql, params):
+        cur = conn.cursor()
         try:
-            if self.path != "/payments":
-                raise ClientError(404, "NOT_FOUND", "no such resource")
-            key = self.headers.get("Idempotency-Key")
-            if key is None:
-                raise ClientError(400, "IDEMPOTENCY_KEY_MISSING",
-                                  "the Idempotency-Key header is required")
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                request = json.loads(self.rfile.read(length) or b"null")
-            except ValueError:
-                request = None
-            if not isinstance(request, dict):
-                raise ClientError(400, "INVALID_JSON", "the body must be a JSON object")
-            try:
-                delay_ms = min(max(int(self.headers.get("Simulate-Delay-Ms") or 0), 0), 10000)
-            except ValueError:
-                raise ClientError(400, "INVALID_HEADER", "Simulate-Delay-Ms must be an integer")
-            fail = self.headers.get("Simulate-Failure", "").lower() == "true"
-            self.respond(*create_payment(self.server.pool, key, request, delay_ms, fail))
-        except ClientError as e:
-            self.respond(e.status, [JSON],
-                         encode({"error_code": e.error_code, "message": e.message}))
-        except Exception as e:  # the transaction rolled back: a retry proceeds
-            self.log_error("POST /payments failed: %s", e)
-            self.respond(500, [JSON],
-                         encode({"error_code": "INTERNAL_ERROR", "message": "try again"}))
+            cur.execute(sql, params)
+            return cur.fetchone()
+        finally:
+            cur.close()
 
-    def do_GET(self):
+    @app.post("/payments")
+    @idempotent(idem, operation=OPERATION, validate_request=check_request)
+    def create_payment(conn, ctx):
+        body = ctx["body"]
+        answer = refused(body)
+        if answer is not None:
+            return answer
+        (payment_id,) = query(conn, INSERT, (ctx["key"], body["amount"], body["currency"]))
+        delay, fail = misbehave(ctx["request"].headers)
+        time.sleep(delay)
+        if fail:
+            raise RuntimeError("simulated failure after the write")
+        return created(payment_id, body)
+
+    @app.get("/payments/<payment_id>")
+    def get_payment(payment_id):
+        with idem.pool.connection() as conn:
+            status, body = found(query(conn, SELECT, (payment_id,)))
+        return Response(body, status=status, headers=[JSON])
+
+    @app.errorhandler(Exception)
+    def internal_error(err):
+        status = getattr(err, "code", None)
+        if isinstance(status, int) and status < 500:  # werkzeug's 404, 405, ...
+            return Response(encode({"error_code": "NOT_FOUND", "message": str(err)}), status=status,
+                            headers=[JSON])
+        app.logger.error("request failed: %s", err)
+        return Response(encode({"error_code": "INTERNAL_ERROR", "message": "try again"}), status=500,
+                        headers=[JSON])
+
+    return app
+
+
+def asgi_app(prepare):
+    """Starlette over psycopg 3's async API."""
+    import asyncio
+
+    from psycopg_pool import AsyncConnectionPool
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from idempotency_pg.aio import AsyncIdempotency
+    from idempotency_pg.asgi import idempotent
+
+    kwargs = {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
+    pool = AsyncConnectionPool("", kwargs=kwargs, min_size=1, max_size=POOL_SIZE, open=False)
+    idem = AsyncIdempotency(pool)
+
+    @idempotent(idem, operation=OPERATION, validate_request=check_request)
+    async def create_payment(conn, ctx):
+        body = ctx["body"]
+        answer = refused(body)
+        if answer is not None:
+            return answer
+        cur = await conn.execute(INSERT, (ctx["key"], body["amount"], body["currency"]))
+        (payment_id,) = await cur.fetchone()
+        delay, fail = misbehave(ctx["request"].headers)
+        await asyncio.sleep(delay)
+        if fail:
+            raise RuntimeError("simulated failure after the write")
+        return created(payment_id, body)
+
+    async def get_payment(request):
+        async with pool.connection() as conn:
+            row = await (await conn.execute(SELECT, (request.path_params["payment_id"],))).fetchone()
+        status, body = found(row)
+        return Response(body, status_code=status, media_type="application/json")
+
+    async def internal_error(request, err):
+        print("%s %s failed: %s" % (request.method, request.url.path, err), file=sys.stderr, flush=True)
+        return Response(encode({"error_code": "INTERNAL_ERROR", "message": "try again"}), status_code=500,
+                        media_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await pool.open()
         try:
-            m = re.fullmatch(r"/payments/([A-Za-z0-9_]+)", self.path)
-            if m is None:
-                raise ClientError(404, "NOT_FOUND", "no such resource")
-            self.respond(*get_payment(self.server.pool, m.group(1)))
-        except ClientError as e:
-            self.respond(e.status, [JSON],
-                         encode({"error_code": e.error_code, "message": e.message}))
-        except Exception as e:
-            self.log_error("GET %s failed: %s", self.path, e)
-            self.respond(500, [JSON],
-                         encode({"error_code": "INTERNAL_ERROR", "message": "try again"}))
+            yield
+        finally:
+            await idem.drain()
+            await pool.close()
 
-    def respond(self, status, headers, body):
-        """Send status, headers (name, value pairs, repeats kept) and body bytes."""
-        self.send_response(status)
-        for name, value in headers:
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_request(self, code="-", size="-"):
-        if self.server.verbose:  # errors are logged whatever --quiet says
-            super().log_request(code, size)
-
-
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128  # 20 clients at once must not overflow the backlog
+    return Starlette(routes=[Route("/payments", create_payment, methods=["POST"]),
+                             Route("/payments/{payment_id}", get_payment, methods=["GET"])],
+                     exception_handlers={Exception: internal_error}, lifespan=lifespan)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--framework", choices=["wsgi", "asgi"], default="wsgi")
+    parser.add_argument("--driver", choices=["psycopg2", "psycopg"], default="psycopg2",
+                        help="the WSGI service's driver (ASGI: psycopg)")
+    parser.add_argument("--no-prepared-statements", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no access log")
     args = parser.parse_args()
-    server = Server(("127.0.0.1", args.port), Handler)
-    server.pool = Pool(POOL_SIZE)
-    server.verbose = not args.quiet
-    print("listening on http://127.0.0.1:%d" % server.server_address[1], flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    prepare = not args.no_prepared_statements
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    sock.listen(128)  # 20 clients at once must not overflow the backlog
+    print("listening on http://127.0.0.1:%d" % sock.getsockname()[1], flush=True)
+    if args.framework == "asgi":
+        import uvicorn
+        config = uvicorn.Config(asgi_app(prepare), log_level="warning", access_log=not args.quiet)
+        uvicorn.Server(config).run(sockets=[sock])
+    else:
+        import logging
+
+        from werkzeug.serving import make_server
+        if args.quiet:
+            logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        server = make_server("127.0.0.1", 0, wsgi_app(args.driver, prepare), threaded=True, fd=sock.fileno())
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
 
 
 if __name__ == "__main__":

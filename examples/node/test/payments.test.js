@@ -37,7 +37,9 @@ function withTimeout(promise, ms, what) {
 }
 
 function startService() {
-  service = spawn(process.execPath, [SERVER, '--port', '0', '--quiet'], {
+  // FRAMEWORK (http, express or fastify) picks the service's framework.
+  const framework = process.env.FRAMEWORK ? ['--framework', process.env.FRAMEWORK] : [];
+  service = spawn(process.execPath, [SERVER, '--port', '0', '--quiet', ...framework], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   service.stderr.on('data', (d) => { serviceLog += d; });

@@ -1,0 +1,472 @@
+// Package idem gives a Go service the Idempotency-Key pattern on the
+// idempotency PostgreSQL extension, over pgx v4 (pgxpool) or database/sql,
+// with net/http middleware.
+//
+// The core call is Pgx.Run (or SQL.Run): operation, key and request in; the
+// handler runs inside the claim's transaction, on its connection; the HTTP
+// answer (status, header pairs, body) out, every outcome of idem_claim
+// mapped as the README's table says.  Pgx.RunExternal is the form for a side
+// effect outside the database: the claim commits with a lease that is
+// extended while the handler runs, then the outcome commits.
+//
+// Round trips over pgx: a new key takes three (BEGIN and the claim in one
+// batch, the handler's statements, the completion and COMMIT in one batch);
+// a retry two (the claim, then COMMIT).
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgconn"
+	"github.com/jackc/pgx/v4"
+	"github.com/jackc/pgx/v4/pgxpool"
+)
+
+// Response is an answer to send: status, headers as [name, value] pairs (in
+// order, repeats kept) and the body's bytes.  Outcome is idem_claim's ("" when
+// the key was refused before the claim); Replayed is true for a replay.
+type Response struct {
+	Status   int
+	Headers  [][2]string
+	Body     []byte
+	Outcome  string
+	Replayed bool
+}
+
+// Header is the first value of a header, or "".
+func (r Response) Header(name string) string {
+	for _, h := range r.Headers {
+		if strings.EqualFold(h[0], name) {
+			return h[1]
+		}
+	}
+	return ""
+}
+
+// Result is what a handler returns.  Failed stores it with idem_fail (it is
+// replayed like a success); Retryable stores a failure that a retry runs
+// again.
+type Result struct {
+	Status     int
+	Headers    [][2]string
+	Body       []byte
+	ResourceID string
+	Failed     bool
+	Retryable  bool
+}
+
+// JSON is a Result whose body is v as JSON, with Content-Type first.
+func JSON(status int, v interface{}, headers ...[2]string) (Result, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Status: status, Headers: append([][2]string{jsonType}, headers...), Body: body}, nil
+}
+
+// Error is an answer that is not stored: returned by a handler, the
+// transaction rolls back (a retry proceeds) and the client gets it.
+type Error struct {
+	Status    int
+	ErrorCode string
+	Message   string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Response is the error as its JSON answer.
+func (e *Error) Response() Response {
+	return errorResponse(e.Status, e.ErrorCode, e.Message)
+}
+
+// ErrLeaseLost: the completion of an attempt whose lease was taken over
+// (SQLSTATE 55000); its outcome was not stored.
+var ErrLeaseLost = errors.New("the attempt lost its lease; its outcome was not stored")
+
+// Call is one request: Operation, Key (nil: the header was missing) and
+// Request (JSON text; nil for none), and the claim's options.
+type Call struct {
+	Operation     string
+	Key           *string
+	Request       []byte
+	Tenant        string
+	Lease         time.Duration // 0: the server's default (RunExternal: 30 s)
+	Wait          time.Duration
+	OnLeaseExpiry string // "unknown" (default) or "retry"
+}
+
+// Attempt is what a handler learns of its claim.
+type Attempt struct {
+	Key           string
+	Token         string
+	Attempt       int32
+	RecoveryPoint string
+}
+
+// Querier is what a handler runs its statements with: the claim's
+// connection (pgx) or transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...interface{}) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...interface{}) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...interface{}) pgx.Row
+}
+
+var jsonType = [2]string{"Content-Type", "application/json"}
+
+const columns = `outcome, token, attempt, recovery_point, http_status, headers::text, body::text,
+       error_code, retry_after, raw_body`
+
+var messages = map[string]string{
+	"in_progress":  "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
+	"mismatch":     "this Idempotency-Key was used for a different request",
+	"unknown":      "the outcome of an earlier attempt with this Idempotency-Key is unknown; query the resource before retrying",
+	"expired":      "this Idempotency-Key has expired; look the resource up by its business reference before sending the command again with a new key",
+	"rate_limited": "too many new requests; send it again after Retry-After seconds, with the same Idempotency-Key",
+}
+
+// decision is a row of idem_claim; pointers are NULL where the outcome has
+// none.
+type decision struct {
+	Outcome       string
+	Token         *string
+	Attempt       *int32
+	RecoveryPoint *string
+	HTTPStatus    *int32
+	Headers       *string
+	Body          *string
+	ErrorCode     *string
+	RetryAfter    *int32
+	RawBody       []byte
+}
+
+func (d *decision) targets() []interface{} {
+	return []interface{}{&d.Outcome, &d.Token, &d.Attempt, &d.RecoveryPoint, &d.HTTPStatus, &d.Headers,
+		&d.Body, &d.ErrorCode, &d.RetryAfter, &d.RawBody}
+}
+
+func (d *decision) attempt(key string) Attempt {
+	a := Attempt{Key: key, Token: *d.Token, Attempt: *d.Attempt}
+	if d.RecoveryPoint != nil {
+		a.RecoveryPoint = *d.RecoveryPoint
+	}
+	return a
+}
+
+func errorResponse(status int, code, message string, more ...[2]string) Response {
+	body, _ := json.Marshal(map[string]string{"error_code": code, "message": message})
+	return Response{Status: status, Headers: append([][2]string{jsonType}, more...), Body: body}
+}
+
+// answer is the Response to a decision other than proceed.
+func answer(d *decision) (Response, error) {
+	var r Response
+	switch d.Outcome {
+	case "replay":
+		var headers [][2]string
+		if d.Headers != nil && strings.HasPrefix(*d.Headers, "[") {
+			if err := json.Unmarshal([]byte(*d.Headers), &headers); err != nil {
+				return r, err
+			}
+		} else if d.Headers != nil {
+			var object map[string]string // an object: its order is jsonb's
+			if err := json.Unmarshal([]byte(*d.Headers), &object); err != nil {
+				return r, err
+			}
+			for k, v := range object {
+				headers = append(headers, [2]string{k, v})
+			}
+		}
+		body := d.RawBody
+		if body == nil && d.Body != nil {
+			body = []byte(*d.Body)
+		}
+		headers = append(headers, [2]string{"Idempotent-Replayed", "true"})
+		return Response{int(*d.HTTPStatus), headers, body, "replay", true}, nil
+	case "in_progress", "rate_limited":
+		r = errorResponse(int(*d.HTTPStatus), *d.ErrorCode, messages[d.Outcome],
+			[2]string{"Retry-After", strconv.Itoa(int(*d.RetryAfter))})
+	case "mismatch", "unknown", "expired":
+		r = errorResponse(int(*d.HTTPStatus), *d.ErrorCode, messages[d.Outcome])
+	default:
+		return r, fmt.Errorf("unexpected outcome of idem_claim: %q", d.Outcome)
+	}
+	r.Outcome = d.Outcome
+	return r, nil
+}
+
+// checkKey is the 400 of a missing key, or nil.
+func checkKey(key *string) *Response {
+	if key == nil {
+		r := errorResponse(400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required")
+		return &r
+	}
+	return nil
+}
+
+// refuse is the 400 answer to a claim that raised for the client's input
+// (a bad key, a request jsonb refuses), or nil.
+func refuse(err error) *Response {
+	var r Response
+	switch sqlState(err) {
+	case "22023", "22004":
+		r = errorResponse(400, "IDEMPOTENCY_KEY_INVALID", err.Error())
+	case "22P02", "22P05":
+		r = errorResponse(400, "INVALID_REQUEST", err.Error())
+	default:
+		return nil
+	}
+	return &r
+}
+
+// sqlState is the SQLSTATE of a driver's error (pgconn's, lib/pq's and
+// others' SQLState method), or "".
+func sqlState(err error) string {
+	var e interface{ SQLState() string }
+	if errors.As(err, &e) {
+		return e.SQLState()
+	}
+	return ""
+}
+
+func interval(d time.Duration) string {
+	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
+}
+
+// claimSQL is the SELECT of idem_claim for a call, and its arguments.
+func claimSQL(c Call) (string, []interface{}) {
+	var request interface{}
+	if c.Request != nil {
+		request = string(c.Request)
+	}
+	sql := "SELECT " + columns + " FROM idem_claim($1, $2, $3::jsonb, tenant => $4"
+	args := []interface{}{c.Operation, *c.Key, request, c.Tenant}
+	opt := func(name, cast string, v interface{}) {
+		args = append(args, v)
+		sql += fmt.Sprintf(", %s => $%d%s", name, len(args), cast)
+	}
+	if c.Lease > 0 {
+		opt("lease", "::interval", interval(c.Lease))
+	}
+	if c.Wait > 0 {
+		opt("wait", "::interval", interval(c.Wait))
+	}
+	if c.OnLeaseExpiry != "" {
+		opt("on_lease_expiry", "", c.OnLeaseExpiry)
+	}
+	return sql + ")", args
+}
+
+// finishSQL is idem_complete (or idem_fail) of a Result, and its arguments.
+func finishSQL(token string, r Result) (string, []interface{}, error) {
+	if r.Status < 100 || r.Status > 599 {
+		return "", nil, fmt.Errorf("not an HTTP status: %d", r.Status)
+	}
+	headers, err := json.Marshal(r.Headers)
+	if err != nil {
+		return "", nil, err
+	}
+	if r.Headers == nil {
+		headers = []byte("[]")
+	}
+	body := r.Body
+	if body == nil {
+		body = []byte{}
+	}
+	if r.Failed || r.Retryable {
+		return `SELECT idem_fail($1, $2, headers => $3::jsonb, raw_body => $4, retryable => $5)`,
+			[]interface{}{token, r.Status, string(headers), body, r.Retryable}, nil
+	}
+	var resource interface{}
+	if r.ResourceID != "" {
+		resource = r.ResourceID
+	}
+	return `SELECT idem_complete($1, $2, headers => $3::jsonb, raw_body => $4, resource_id => $5)`,
+		[]interface{}{token, r.Status, string(headers), body, resource}, nil
+}
+
+func (r Result) response() Response {
+	return Response{Status: r.Status, Headers: r.Headers, Body: r.Body, Outcome: "proceed"}
+}
+
+// Pgx runs calls over a pgxpool.Pool.
+type Pgx struct {
+	Pool *pgxpool.Pool
+}
+
+// Run is one transaction.  handler runs only for a new key (or a new
+// attempt), inside the claim's transaction, on its connection.  When it
+// returns an error, everything rolls back and the error is returned (an
+// *Error is answered by the middleware): a retry proceeds.
+func (p Pgx) Run(ctx context.Context, c Call,
+	handler func(ctx context.Context, q Querier, a Attempt) (Result, error)) (Response, error) {
+	if bad := checkKey(c.Key); bad != nil {
+		return *bad, nil
+	}
+	sql, args := claimSQL(c)
+	conn, err := p.Pool.Acquire(ctx)
+	if err != nil {
+		return Response{}, err
+	}
+	defer conn.Release()
+	open := true
+	defer func() {
+		if open {
+			// a new context: the request's may be what ended
+			rollback, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := conn.Exec(rollback, "ROLLBACK"); err != nil {
+				conn.Conn().Close(rollback)
+			}
+		}
+	}()
+	batch := &pgx.Batch{}
+	batch.Queue("BEGIN")
+	batch.Queue(sql, args...)
+	results := conn.SendBatch(ctx, batch)
+	var d decision
+	_, err = results.Exec()
+	if err == nil {
+		err = results.QueryRow().Scan(d.targets()...)
+	}
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if r := refuse(err); r != nil {
+			return *r, nil
+		}
+		return Response{}, err
+	}
+	if d.Outcome != "proceed" {
+		// a claim that found an ended lease may have made the record unknown
+		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+			return Response{}, err
+		}
+		open = false
+		return answer(&d)
+	}
+	result, err := handler(ctx, conn, d.attempt(*c.Key))
+	if err != nil {
+		return Response{}, err
+	}
+	fsql, fargs, err := finishSQL(*d.Token, result)
+	if err != nil {
+		return Response{}, err
+	}
+	batch = &pgx.Batch{}
+	batch.Queue(fsql, fargs...)
+	batch.Queue("COMMIT")
+	results = conn.SendBatch(ctx, batch)
+	_, err = results.Exec()
+	if err == nil {
+		_, err = results.Exec()
+	}
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Response{}, err
+	}
+	open = false
+	return result.response(), nil
+}
+
+// External is what an external-call handler gets: its attempt, a context
+// cancelled when the lease is lost, Checkpoint and DeriveKey.
+type External struct {
+	Attempt
+	p Pgx
+}
+
+// Checkpoint records how far the attempt got (idem_checkpoint).
+func (e External) Checkpoint(ctx context.Context, point string) error {
+	_, err := e.p.Pool.Exec(ctx, "SELECT idem_checkpoint($1, $2)", e.Token, point)
+	return err
+}
+
+// DeriveKey is idem_derive_key(key, step): the key of a downstream call.
+func (e External) DeriveKey(ctx context.Context, step string) (string, error) {
+	var k string
+	err := e.p.Pool.QueryRow(ctx, "SELECT idem_derive_key($1, $2)", e.Key, step).Scan(&k)
+	return k, err
+}
+
+// ErrRetryable, wrapped in a handler's error, stores the attempt as
+// retryable: it failed before any side effect, and a retry runs again
+// (503 with Retry-After: 1).
+var ErrRetryable = errors.New("failed before any side effect")
+
+// RunExternal is three transactions, for a side effect outside the
+// database: the claim commits with a lease (c.Lease, default 30 s), extended
+// every third of it while handler runs, then the result is committed.  An
+// error wrapping ErrRetryable stores a retryable failure; any other error
+// leaves the record processing, and once its lease ends retries answer
+// unknown (409) or, with OnLeaseExpiry "retry", proceed from the last
+// checkpoint.
+func (p Pgx) RunExternal(ctx context.Context, c Call,
+	handler func(ctx context.Context, e External) (Result, error)) (Response, error) {
+	if bad := checkKey(c.Key); bad != nil {
+		return *bad, nil
+	}
+	if c.Lease <= 0 {
+		c.Lease = 30 * time.Second
+	}
+	sql, args := claimSQL(c)
+	var d decision
+	if err := p.Pool.QueryRow(ctx, sql, args...).Scan(d.targets()...); err != nil {
+		if r := refuse(err); r != nil {
+			return *r, nil
+		}
+		return Response{}, err
+	}
+	if d.Outcome != "proceed" {
+		return answer(&d)
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	beat := make(chan struct{})
+	go func() { // the heartbeat
+		defer close(beat)
+		ticker := time.NewTicker(c.Lease / 3)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ticker.C:
+				_, err := p.Pool.Exec(ctx, "SELECT idem_heartbeat($1, $2::interval)", *d.Token, interval(c.Lease))
+				if sqlState(err) == "55000" {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	result, err := handler(hctx, External{d.attempt(*c.Key), p})
+	close(done)
+	<-beat
+	if errors.Is(err, ErrRetryable) {
+		body, _ := json.Marshal(map[string]string{"error_code": "RETRYABLE_FAILURE", "message": err.Error()})
+		result = Result{Status: 503, Headers: [][2]string{jsonType, {"Retry-After", "1"}}, Body: body, Retryable: true}
+	} else if err != nil {
+		return Response{}, err
+	}
+	fsql, fargs, err := finishSQL(*d.Token, result)
+	if err != nil {
+		return Response{}, err
+	}
+	if _, err := p.Pool.Exec(ctx, fsql, fargs...); err != nil {
+		if sqlState(err) == "55000" {
+			return Response{}, fmt.Errorf("%w: %v", ErrLeaseLost, err)
+		}
+		return Response{}, err
+	}
+	return result.response(), nil
+}

@@ -1,0 +1,493 @@
+/*
+ * The Idempotency-Key pattern on the idempotency PostgreSQL extension, over
+ * JDBC (the PostgreSQL JDBC driver).
+ *
+ * run(call, handler): one transaction.  The handler runs only for a new key
+ * (or a new attempt), inside the claim's transaction, on its connection;
+ * the answer comes back as a Response, every outcome of idem_claim mapped as
+ * the README's HTTP table says.  runExternal(call, handler): the claim
+ * commits with a lease, extended while the handler calls something outside
+ * the database, then the outcome commits.
+ *
+ * Round trips: a new key takes three (the claim, which the driver sends
+ * with its BEGIN; the handler's statements; the completion and COMMIT in
+ * one execute), a retry two (the claim, then COMMIT).
+ */
+package idempotency;
+
+import java.nio.charset.StandardCharsets;
+import java.sql.Connection;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
+import java.sql.SQLException;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+public final class Idempotency {
+    /** Where connections come from: autocommit off, given back after each call. */
+    public interface Connections {
+        Connection take() throws SQLException;
+
+        void give(Connection conn, boolean broken);
+    }
+
+    /** The answer to send: header pairs in order, repeats kept. */
+    public record Response(int status, List<List<String>> headers, byte[] body, String outcome,
+                           boolean replayed) {
+        /** The first value of a header, or null. */
+        public String header(String name) {
+            for (List<String> h : headers) {
+                if (h.get(0).equalsIgnoreCase(name)) {
+                    return h.get(1);
+                }
+            }
+            return null;
+        }
+    }
+
+    /**
+     * What a handler returns.  failed: stored with idem_fail and replayed;
+     * retryable: a failure that a retry runs again.
+     */
+    public record Result(int status, List<List<String>> headers, byte[] body, String resourceId,
+                         boolean failed, boolean retryable) {
+        public Result {
+            if (status < 100 || status > 599) {
+                throw new IllegalArgumentException("not an HTTP status: " + status);
+            }
+            headers = headers == null ? List.of() : headers;
+            body = body == null ? new byte[0] : body;
+        }
+
+        public static Result of(int status, List<List<String>> headers, byte[] body) {
+            return new Result(status, headers, body, null, false, false);
+        }
+
+        /** A JSON body (Json.write of value), Content-Type first, then name, value, ... */
+        public static Result json(int status, Object value, String... more) {
+            return of(status, jsonHeaders(more), Json.write(value).getBytes(StandardCharsets.UTF_8));
+        }
+
+        public Result withResourceId(String id) {
+            return new Result(status, headers, body, id, failed, retryable);
+        }
+
+        /** Stored with idem_fail: replayed like a success. */
+        public Result asFailure() {
+            return new Result(status, headers, body, resourceId, true, false);
+        }
+
+        Response response() {
+            return new Response(status, headers, body, "proceed", false);
+        }
+    }
+
+    /** A claim that proceeds: its key, token, attempt and recovery point. */
+    public record Attempt(String key, String token, int attempt, String recoveryPoint) {
+    }
+
+    /** One request: operation, key (null: missing), request as JSON text (null: none), options. */
+    public record Call(String operation, String key, String request, String tenant, Duration lease,
+                       Duration waitFor, String onLeaseExpiry) {
+        public static Call of(String operation, String key, String request) {
+            return new Call(operation, key, request, "", null, null, null);
+        }
+
+        public Call withTenant(String t) {
+            return new Call(operation, key, request, t, lease, waitFor, onLeaseExpiry);
+        }
+
+        public Call withLease(Duration d) {
+            return new Call(operation, key, request, tenant, d, waitFor, onLeaseExpiry);
+        }
+
+        public Call withWait(Duration d) {
+            return new Call(operation, key, request, tenant, lease, d, onLeaseExpiry);
+        }
+
+        public Call withOnLeaseExpiry(String policy) {
+            return new Call(operation, key, request, tenant, lease, waitFor, policy);
+        }
+    }
+
+    public interface Handler {
+        Result handle(Connection conn, Attempt attempt) throws Exception;
+    }
+
+    public interface ExternalHandler {
+        Result handle(External external) throws Exception;
+    }
+
+    /** An answer that is not stored: thrown by a handler, the transaction rolls back. */
+    public static class HttpError extends Exception {
+        private static final long serialVersionUID = 1L;
+        public final int status;
+        public final String errorCode;
+
+        public HttpError(int status, String errorCode, String message) {
+            super(message);
+            this.status = status;
+            this.errorCode = errorCode;
+        }
+
+        public Response response() {
+            return error(status, errorCode, getMessage());
+        }
+    }
+
+    /** Thrown by an external-call handler that failed before any side effect: stored as retryable. */
+    public static class RetryableException extends Exception {
+        private static final long serialVersionUID = 1L;
+
+        public RetryableException(String message) {
+            super(message);
+        }
+    }
+
+    /** A completion refused because the attempt lost its lease (55000): nothing was stored. */
+    public static class LeaseLostException extends SQLException {
+        private static final long serialVersionUID = 1L;
+
+        LeaseLostException(SQLException cause) {
+            super("the attempt lost its lease; its outcome was not stored: " + cause.getMessage(), "55000", cause);
+        }
+    }
+
+    private static final Set<String> BAD_KEY = Set.of("22023", "22004");
+    private static final Set<String> BAD_REQUEST = Set.of("22P02", "22P05");
+    private static final Map<String, String> MESSAGES = Map.of(
+        "in_progress", "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
+        "mismatch", "this Idempotency-Key was used for a different request",
+        "unknown", "the outcome of an earlier attempt with this Idempotency-Key is unknown; query the resource before retrying",
+        "expired", "this Idempotency-Key has expired; look the resource up by its business reference before sending the command again with a new key",
+        "rate_limited", "too many new requests; send it again after Retry-After seconds, with the same Idempotency-Key");
+    private static final String COLUMNS = "outcome, token, attempt, recovery_point, http_status, headers::text,"
+        + " body::text, error_code, retry_after, raw_body";
+
+    private final Connections connections;
+    private final ScheduledExecutorService heartbeats = Executors.newSingleThreadScheduledExecutor(r -> {
+        Thread t = new Thread(r, "idempotency-heartbeat");
+        t.setDaemon(true);
+        return t;
+    });
+
+    public Idempotency(Connections connections) {
+        this.connections = connections;
+    }
+
+    static List<List<String>> jsonHeaders(String... more) {
+        List<List<String>> headers = new ArrayList<>();
+        headers.add(List.of("Content-Type", "application/json"));
+        for (int i = 0; i + 1 < more.length; i += 2) {
+            headers.add(List.of(more[i], more[i + 1]));
+        }
+        return headers;
+    }
+
+    static Response error(int status, String code, String message, String... more) {
+        Map<String, Object> body = new LinkedHashMap<>();
+        body.put("error_code", code);
+        body.put("message", message);
+        return new Response(status, jsonHeaders(more), Json.write(body).getBytes(StandardCharsets.UTF_8),
+                            null, false);
+    }
+
+    /** A row of idem_claim. */
+    private record Decision(String outcome, String token, Integer attempt, String recoveryPoint,
+                            Integer httpStatus, String headers, String body, String errorCode,
+                            Integer retryAfter, byte[] rawBody) {
+        static Decision read(PreparedStatement ps) throws SQLException {
+            try (ResultSet r = ps.executeQuery()) {
+                r.next();
+                return new Decision(r.getString(1), r.getString(2), (Integer) r.getObject(3), r.getString(4),
+                                    (Integer) r.getObject(5), r.getString(6), r.getString(7), r.getString(8),
+                                    (Integer) r.getObject(9), r.getBytes(10));
+            }
+        }
+
+        Attempt attemptOf(String key) {
+            return new Attempt(key, token, attempt, recoveryPoint);
+        }
+    }
+
+    /** The answer to a decision other than proceed. */
+    @SuppressWarnings("unchecked")
+    private static Response answer(Decision d) {
+        switch (d.outcome()) {
+            case "replay": {
+                List<List<String>> headers = new ArrayList<>();
+                Object stored = d.headers() == null ? null : Json.parse(d.headers());
+                if (stored instanceof List) {
+                    for (Object pair : (List<Object>) stored) {
+                        List<Object> p = (List<Object>) pair;
+                        headers.add(List.of((String) p.get(0), (String) p.get(1)));
+                    }
+                } else if (stored instanceof Map) {
+                    for (Map.Entry<String, Object> e : ((Map<String, Object>) stored).entrySet()) {
+                        headers.add(List.of(e.getKey(), (String) e.getValue()));
+                    }
+                }
+                headers.add(List.of("Idempotent-Replayed", "true"));
+                byte[] body = d.rawBody() != null ? d.rawBody()
+                    : d.body() != null ? d.body().getBytes(StandardCharsets.UTF_8) : new byte[0];
+                return new Response(d.httpStatus(), headers, body, "replay", true);
+            }
+            case "in_progress":
+            case "rate_limited": {
+                Response r = error(d.httpStatus(), d.errorCode(), MESSAGES.get(d.outcome()),
+                                   "Retry-After", String.valueOf(d.retryAfter()));
+                return new Response(r.status(), r.headers(), r.body(), d.outcome(), false);
+            }
+            case "mismatch":
+            case "unknown":
+            case "expired": {
+                Response r = error(d.httpStatus(), d.errorCode(), MESSAGES.get(d.outcome()));
+                return new Response(r.status(), r.headers(), r.body(), d.outcome(), false);
+            }
+            default:
+                throw new IllegalStateException("unexpected outcome of idem_claim: " + d.outcome());
+        }
+    }
+
+    /** The 400 answer to a claim that raised for the client's input, or null. */
+    private static Response refuse(SQLException e) {
+        String message = e.getMessage() == null ? "" : e.getMessage().lines().findFirst().orElse("");
+        message = message.startsWith("ERROR: ") ? message.substring(7) : message;
+        if (BAD_KEY.contains(e.getSQLState())) {
+            return error(400, "IDEMPOTENCY_KEY_INVALID", message);
+        }
+        if (BAD_REQUEST.contains(e.getSQLState())) {
+            return error(400, "INVALID_REQUEST", message);
+        }
+        return null;
+    }
+
+    private static String interval(Duration d) {
+        return d.toMillis() + " milliseconds";
+    }
+
+    private static PreparedStatement claim(Connection conn, Call c) throws SQLException {
+        List<Object> args = new ArrayList<>(List.of(c.operation(), c.key()));
+        StringBuilder sql = new StringBuilder("SELECT " + COLUMNS + " FROM idem_claim(?, ?, ?::jsonb, tenant => ?");
+        if (c.lease() != null) {
+            sql.append(", lease => ?::interval");
+        }
+        if (c.waitFor() != null) {
+            sql.append(", wait => ?::interval");
+        }
+        if (c.onLeaseExpiry() != null) {
+            sql.append(", on_lease_expiry => ?");
+        }
+        PreparedStatement ps = conn.prepareStatement(sql.append(")").toString());
+        int i = 1;
+        for (Object a : args) {
+            ps.setObject(i++, a);
+        }
+        ps.setString(i++, c.request());
+        ps.setString(i++, c.tenant() == null ? "" : c.tenant());
+        if (c.lease() != null) {
+            ps.setString(i++, interval(c.lease()));
+        }
+        if (c.waitFor() != null) {
+            ps.setString(i++, interval(c.waitFor()));
+        }
+        if (c.onLeaseExpiry() != null) {
+            ps.setString(i, c.onLeaseExpiry());
+        }
+        return ps;
+    }
+
+    /** idem_complete or idem_fail of a result, and what follows it in the same execute. */
+    private static PreparedStatement finish(Connection conn, String token, Result r, String then)
+            throws SQLException {
+        PreparedStatement ps = conn.prepareStatement(r.failed()
+            ? "SELECT idem_fail(?, ?, headers => ?::jsonb, raw_body => ?, retryable => ?)" + then
+            : "SELECT idem_complete(?, ?, headers => ?::jsonb, raw_body => ?, resource_id => ?)" + then);
+        ps.setString(1, token);
+        ps.setInt(2, r.status());
+        ps.setString(3, Json.write(r.headers()));
+        ps.setBytes(4, r.body());
+        if (r.failed()) {
+            ps.setBoolean(5, r.retryable());
+        } else {
+            ps.setString(5, r.resourceId());
+        }
+        return ps;
+    }
+
+    /**
+     * One transaction.  When the handler throws, everything rolls back and
+     * the exception goes on (an HttpError is the caller's to answer): a
+     * retry proceeds.
+     */
+    public Response run(Call call, Handler handler) throws Exception {
+        if (call.key() == null) {
+            return error(400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required");
+        }
+        Connection conn = connections.take();
+        boolean done = false;
+        try {
+            Decision d;
+            try (PreparedStatement ps = claim(conn, call)) {
+                d = Decision.read(ps);
+            } catch (SQLException e) {
+                Response r = refuse(e);
+                if (r == null) {
+                    throw e;
+                }
+                return r;
+            }
+            if (!d.outcome().equals("proceed")) {
+                conn.commit(); // a claim that found an ended lease may have made the record unknown
+                done = true;
+                return answer(d);
+            }
+            Result result = handler.handle(conn, d.attemptOf(call.key()));
+            try (PreparedStatement ps = finish(conn, d.token(), result, ";COMMIT")) {
+                ps.execute();
+            }
+            done = true;
+            return result.response();
+        } finally {
+            release(conn, done);
+        }
+    }
+
+    /** What an external-call handler gets. */
+    public final class External {
+        public final Attempt attempt;
+        private final AtomicBoolean lost = new AtomicBoolean();
+
+        External(Attempt attempt) {
+            this.attempt = attempt;
+        }
+
+        /** True once a heartbeat found the lease taken over. */
+        public boolean leaseLost() {
+            return lost.get();
+        }
+
+        /** idem_checkpoint: how far the attempt got. */
+        public void checkpoint(String point) throws SQLException {
+            statement("SELECT idem_checkpoint(?, ?)", attempt.token(), point);
+        }
+
+        /** idem_derive_key(key, step): the key of a downstream call. */
+        public String deriveKey(String step) throws SQLException {
+            return statement("SELECT idem_derive_key(?, ?)", attempt.key(), step);
+        }
+    }
+
+    /** One statement of two text arguments in a transaction of its own; its first column. */
+    private String statement(String sql, String a, String b) throws SQLException {
+        Connection conn = connections.take();
+        boolean done = false;
+        try (PreparedStatement ps = conn.prepareStatement(sql)) {
+            ps.setString(1, a);
+            ps.setString(2, b);
+            String value;
+            try (ResultSet r = ps.executeQuery()) {
+                r.next();
+                value = r.getString(1);
+            }
+            conn.commit();
+            done = true;
+            return value;
+        } finally {
+            release(conn, done);
+        }
+    }
+
+    /** Gives a connection back, rolled back first unless its work is done (closed if that fails). */
+    private void release(Connection conn, boolean done) {
+        boolean broken = false;
+        if (!done) {
+            try {
+                conn.rollback();
+            } catch (SQLException e) {
+                broken = true;
+            }
+        }
+        connections.give(conn, broken);
+    }
+
+    /**
+     * Three transactions, for a side effect outside the database: the claim
+     * commits with a lease (call.lease(), default 30 s), extended every
+     * third of it while the handler runs, then the result commits.
+     * RetryableException stores a retryable failure (503); any other
+     * exception leaves the record processing, and once its lease ends
+     * retries answer unknown (409) or, with on_lease_expiry "retry", proceed
+     * from the last checkpoint.
+     */
+    public Response runExternal(Call call, ExternalHandler handler) throws Exception {
+        if (call.key() == null) {
+            return error(400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required");
+        }
+        Call c = call.lease() == null ? call.withLease(Duration.ofSeconds(30)) : call;
+        Decision d;
+        Connection conn = connections.take();
+        boolean done = false;
+        try (PreparedStatement ps = claim(conn, c)) {
+            d = Decision.read(ps);
+            conn.commit();
+            done = true;
+        } catch (SQLException e) {
+            Response r = refuse(e);
+            if (r == null) {
+                throw e;
+            }
+            return r;
+        } finally {
+            release(conn, done);
+        }
+        if (!d.outcome().equals("proceed")) {
+            return answer(d);
+        }
+        External ext = new External(d.attemptOf(c.key()));
+        long every = Math.max(c.lease().toMillis() / 3, 10);
+        ScheduledFuture<?> beat = heartbeats.scheduleAtFixedRate(() -> {
+            try {
+                statement("SELECT idem_heartbeat(?, ?::interval)::text", d.token(), interval(c.lease()));
+            } catch (SQLException e) {
+                if ("55000".equals(e.getSQLState())) {
+                    ext.lost.set(true);
+                    throw new IllegalStateException("lease lost"); // ends the schedule
+                }
+            }
+        }, every, every, TimeUnit.MILLISECONDS);
+        Result result;
+        try {
+            result = handler.handle(ext);
+        } catch (RetryableException e) {
+            Map<String, Object> body = new LinkedHashMap<>();
+            body.put("error_code", "RETRYABLE_FAILURE");
+            body.put("message", e.getMessage());
+            result = new Result(503, jsonHeaders("Retry-After", "1"),
+                                Json.write(body).getBytes(StandardCharsets.UTF_8), null, true, true);
+        } finally {
+            beat.cancel(false);
+        }
+        conn = connections.take();
+        done = false;
+        try (PreparedStatement ps = finish(conn, d.token(), result, "")) {
+            ps.execute();
+            conn.commit();
+            done = true;
+            return result.response();
+        } catch (SQLException e) {
+            throw "55000".equals(e.getSQLState()) ? new LeaseLostException(e) : e;
+        } finally {
+            release(conn, done);
+        }
+    }
+}

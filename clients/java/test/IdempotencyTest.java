@@ -1,0 +1,324 @@
+/*
+ * Tests of clients/java against a running PostgreSQL with the extension and
+ * examples/schema.sql, from libpq's environment (PGHOST, PGPORT,
+ * PGDATABASE, PGUSER: the role the schema grants the API to).  A plain main:
+ * prints one line per check and "N passed, N failed"; exits 1 when one failed.
+ *
+ *     java -cp postgresql.jar:servlet-api.jar:idempotency.jar:classes IdempotencyTest
+ */
+
+import idempotency.Idempotency;
+import idempotency.Idempotency.Call;
+import idempotency.Idempotency.Response;
+import idempotency.Idempotency.Result;
+import idempotency.IdempotencyFilter;
+import idempotency.Json;
+import idempotency.Pool;
+import java.io.ByteArrayOutputStream;
+import java.lang.reflect.Proxy;
+import java.nio.charset.StandardCharsets;
+import java.sql.Connection;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import javax.servlet.FilterChain;
+import javax.servlet.ServletOutputStream;
+import javax.servlet.WriteListener;
+import javax.servlet.http.HttpServletRequest;
+import javax.servlet.http.HttpServletResponse;
+
+public final class IdempotencyTest {
+    static int passed;
+    static int failed;
+    static final String RUN = UUID.randomUUID().toString().substring(0, 8);
+
+    static void check(String name, boolean ok, Object detail) {
+        if (ok) {
+            passed++;
+            System.out.println("ok     " + name);
+        } else {
+            failed++;
+            System.out.println("FAILED " + name + ": " + detail);
+        }
+    }
+
+    static String op(String name) {
+        return "test.java." + name + "." + RUN;
+    }
+
+    static String code(Response r) {
+        return (String) Json.object(new String(r.body(), StandardCharsets.UTF_8)).get("error_code");
+    }
+
+    static Result pay(Connection conn, Idempotency.Attempt a, long amount) throws Exception {
+        try (PreparedStatement ps = conn.prepareStatement(
+                "INSERT INTO payments (idempotency_key, amount, currency) VALUES (?, ?, 'EUR') RETURNING id")) {
+            ps.setString(1, a.key());
+            ps.setLong(2, amount);
+            try (ResultSet r = ps.executeQuery()) {
+                r.next();
+                String id = r.getString(1);
+                return Result.json(201, Map.of("id", id), "Location", "/payments/" + id, "X-Tag", "a", "X-Tag", "b")
+                    .withResourceId(id);
+            }
+        }
+    }
+
+    static int payments(Pool pool, String key) throws Exception {
+        Connection conn = pool.take();
+        try (PreparedStatement ps = conn.prepareStatement("SELECT count(*) FROM payments WHERE idempotency_key = ?")) {
+            ps.setString(1, key);
+            try (ResultSet r = ps.executeQuery()) {
+                r.next();
+                return r.getInt(1);
+            }
+        } finally {
+            conn.rollback();
+            pool.give(conn, false);
+        }
+    }
+
+    static final Idempotency.Handler NEVER = (conn, a) -> {
+        throw new AssertionError("the handler must not run");
+    };
+
+    static void core(Pool pool, Idempotency idem) throws Exception {
+        String key = UUID.randomUUID().toString();
+        Call call = Call.of(op("core"), key, "{\"amount\": 10, \"currency\": \"EUR\"}");
+        Response first = idem.run(call, (conn, a) -> pay(conn, a, 10));
+        check("a new key runs the handler: 201 with its header pairs",
+              first.status() == 201 && first.headers().size() == 4 && !first.replayed(), first);
+        Response again = idem.run(Call.of(call.operation(), key, "{\"currency\": \"EUR\", \"amount\": 10}"), NEVER);
+        check("a retry replays status, header pairs and body bytes, with Idempotent-Replayed",
+              again.replayed() && again.status() == 201 && Arrays.equals(again.body(), first.body())
+              && again.headers().size() == 5 && again.headers().get(2).equals(first.headers().get(2))
+              && "true".equals(again.header("Idempotent-Replayed")), again);
+        Response other = idem.run(Call.of(call.operation(), key, "{\"amount\": 11}"), NEVER);
+        check("another request with the key: 422", other.status() == 422
+              && "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST".equals(code(other)), other);
+        check("one payment", payments(pool, key) == 1, payments(pool, key));
+        Response missing = idem.run(Call.of(op("core"), null, "{}"), NEVER);
+        check("a missing key: 400 IDEMPOTENCY_KEY_MISSING", "IDEMPOTENCY_KEY_MISSING".equals(code(missing)), missing);
+        for (String bad : List.of("", "k".repeat(300), "caf\u00e9")) {
+            Response r = idem.run(Call.of(op("core"), bad, "{}"), NEVER);
+            check("an invalid key (" + bad.length() + " characters): 400 IDEMPOTENCY_KEY_INVALID",
+                  r.status() == 400 && "IDEMPOTENCY_KEY_INVALID".equals(code(r)), r);
+        }
+        String rollback = UUID.randomUUID().toString();
+        Call rb = Call.of(op("core"), rollback, "{\"amount\": 12}");
+        try {
+            idem.run(rb, (conn, a) -> {
+                pay(conn, a, 12);
+                throw new IllegalStateException("boom");
+            });
+            check("a handler that throws: the exception goes on", false, "no exception");
+        } catch (IllegalStateException e) {
+            check("a handler that throws rolls everything back", payments(pool, rollback) == 0, e);
+        }
+        Response retry = idem.run(rb, (conn, a) -> pay(conn, a, 12));
+        check("  ... and its retry proceeds", retry.status() == 201 && payments(pool, rollback) == 1, retry);
+        String fkey = UUID.randomUUID().toString();
+        Call fc = Call.of(op("core"), fkey, "{\"amount\": 0}");
+        Response f = idem.run(fc, (conn, a) -> Result.json(400, Map.of("error_code", "VALIDATION_FAILED")).asFailure());
+        Response f2 = idem.run(fc, NEVER);
+        check("a failure is stored with idem_fail and replayed",
+              f.status() == 400 && f2.replayed() && Arrays.equals(f.body(), f2.body()), f2);
+        String busy = UUID.randomUUID().toString();
+        CountDownLatch inside = new CountDownLatch(1);
+        CountDownLatch release = new CountDownLatch(1);
+        CompletableFuture<Response> slow = CompletableFuture.supplyAsync(() -> {
+            try {
+                return idem.run(Call.of(op("core"), busy, "{}"), (conn, a) -> {
+                    inside.countDown();
+                    release.await(30, TimeUnit.SECONDS);
+                    return pay(conn, a, 13);
+                });
+            } catch (Exception e) {
+                throw new RuntimeException(e);
+            }
+        });
+        inside.await(30, TimeUnit.SECONDS);
+        Response r = idem.run(Call.of(op("core"), busy, "{}"), NEVER);
+        release.countDown();
+        check("a key held by a running attempt: 409 with Retry-After", r.status() == 409
+              && "IDEMPOTENCY_REQUEST_IN_PROGRESS".equals(code(r)) && r.header("Retry-After") != null, r);
+        check("  ... which then ends with 201", slow.get(30, TimeUnit.SECONDS).status() == 201, slow);
+    }
+
+    static void external(Idempotency idem) throws Exception {
+        String key = UUID.randomUUID().toString();
+        Call call = Call.of(op("external"), key, "{}").withLease(Duration.ofSeconds(5));
+        CountDownLatch inside = new CountDownLatch(1);
+        CountDownLatch release = new CountDownLatch(1);
+        String[] derived = new String[1];
+        CompletableFuture<Response> first = CompletableFuture.supplyAsync(() -> {
+            try {
+                return idem.runExternal(call, e -> {
+                    derived[0] = e.deriveKey("charge");
+                    inside.countDown();
+                    release.await(30, TimeUnit.SECONDS);
+                    return Result.json(201, Map.of("charged", true));
+                });
+            } catch (Exception e) {
+                throw new RuntimeException(e);
+            }
+        });
+        inside.await(30, TimeUnit.SECONDS);
+        Response busy = idem.runExternal(call, e -> null);
+        release.countDown();
+        Response done = first.get(30, TimeUnit.SECONDS);
+        check("external: the claim commits, a retry meanwhile is in_progress",
+              "in_progress".equals(busy.outcome()) && done.status() == 201 && derived[0].length() == 36, busy);
+        check("external: then it replays", idem.runExternal(call, e -> null).replayed(), "");
+
+        Call lost = Call.of(op("external"), UUID.randomUUID().toString(), "{}").withLease(Duration.ofMillis(50));
+        try {
+            idem.runExternal(lost, e -> {
+                throw new IllegalStateException("timeout");
+            });
+        } catch (IllegalStateException e) {
+            // the outcome is unknown
+        }
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+        Response r;
+        do {
+            r = idem.runExternal(lost, e -> null);
+        } while ("in_progress".equals(r.outcome()) && System.nanoTime() < deadline && sleep(20));
+        check("external: an error is unknown once the lease ends (409 IDEMPOTENCY_OUTCOME_UNKNOWN)",
+              r.status() == 409 && "IDEMPOTENCY_OUTCOME_UNKNOWN".equals(code(r)), r);
+
+        Call again = Call.of(op("external"), UUID.randomUUID().toString(), "{}");
+        Response retryable = idem.runExternal(again, e -> {
+            throw new Idempotency.RetryableException("provider down");
+        });
+        Response second = idem.runExternal(again, e -> Result.json(200, Map.of("attempt", e.attempt.attempt())));
+        check("external: RetryableException is 503, and the retry runs as attempt 2",
+              retryable.status() == 503 && "1".equals(retryable.header("Retry-After"))
+              && new String(second.body(), StandardCharsets.UTF_8).equals("{\"attempt\":2}"), second);
+    }
+
+    static boolean sleep(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        return true;
+    }
+
+    /** A request of the servlet API, as far as the filter uses it. */
+    static HttpServletRequest request(String key, String body) {
+        Map<String, Object> attributes = new HashMap<>();
+        return (HttpServletRequest) Proxy.newProxyInstance(IdempotencyTest.class.getClassLoader(),
+            new Class<?>[] {HttpServletRequest.class}, (proxy, method, args) -> switch (method.getName()) {
+                case "getHeader" -> "Idempotency-Key".equalsIgnoreCase((String) args[0]) ? key : null;
+                case "getMethod" -> "POST";
+                case "setAttribute" -> attributes.put((String) args[0], args[1]);
+                case "getAttribute" -> attributes.get((String) args[0]);
+                case "getInputStream" -> IdempotencyFilter.inputStream(body.getBytes(StandardCharsets.UTF_8));
+                default -> throw new UnsupportedOperationException(method.getName());
+            });
+    }
+
+    /** What a response of the servlet API got. */
+    static final class Sent {
+        int status;
+        final List<List<String>> headers = new ArrayList<>();
+        final ByteArrayOutputStream body = new ByteArrayOutputStream();
+
+        HttpServletResponse proxy() {
+            return (HttpServletResponse) Proxy.newProxyInstance(IdempotencyTest.class.getClassLoader(),
+                new Class<?>[] {HttpServletResponse.class}, (p, method, args) -> switch (method.getName()) {
+                    case "setStatus" -> {
+                        status = (Integer) args[0];
+                        yield null;
+                    }
+                    case "addHeader" -> headers.add(List.of((String) args[0], (String) args[1]));
+                    case "setContentLength" -> null;
+                    case "getOutputStream" -> new ServletOutputStream() {
+                        @Override
+                        public void write(int b) {
+                            body.write(b);
+                        }
+
+                        @Override
+                        public boolean isReady() {
+                            return true;
+                        }
+
+                        @Override
+                        public void setWriteListener(WriteListener l) {
+                        }
+                    };
+                    default -> throw new UnsupportedOperationException(method.getName());
+                });
+        }
+    }
+
+    static void filter(Idempotency idem) throws Exception {
+        AtomicInteger runs = new AtomicInteger();
+        IdempotencyFilter filter = new IdempotencyFilter(idem, op("filter"));
+        FilterChain chain = (req, res) -> {
+            runs.incrementAndGet();
+            HttpServletRequest r = (HttpServletRequest) req;
+            HttpServletResponse out = (HttpServletResponse) res;
+            String body = new String(r.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+            Connection conn = (Connection) r.getAttribute(IdempotencyFilter.CONNECTION);
+            if (body.contains("crash") || conn == null) {
+                out.sendError(500);
+                return;
+            }
+            out.setStatus(201);
+            out.setContentType("application/json");
+            out.addHeader("X-Tag", "a");
+            out.addHeader("X-Tag", "b");
+            out.getWriter().print("{\"echo\":" + body + "}");
+        };
+        String key = UUID.randomUUID().toString();
+        Sent first = new Sent();
+        filter.doFilter(request(key, "{\"n\":1}"), first.proxy(), chain);
+        Sent again = new Sent();
+        filter.doFilter(request(key, "{\"n\":1}"), again.proxy(), chain);
+        check("filter: the chain runs once, on the claim's connection, and its answer is stored",
+              first.status == 201 && runs.get() == 1 && first.body.toString().equals("{\"echo\":{\"n\":1}}")
+              && first.headers.size() == 3, first.headers);
+        check("filter: a retry replays it with Idempotent-Replayed",
+              again.status == 201 && Arrays.equals(again.body.toByteArray(), first.body.toByteArray())
+              && again.headers.get(3).equals(List.of("Idempotent-Replayed", "true")), again.headers);
+        Sent other = new Sent();
+        filter.doFilter(request(key, "{\"n\":2}"), other.proxy(), chain);
+        check("filter: another request with the key is 422", other.status == 422, other.status);
+        String crash = UUID.randomUUID().toString();
+        filter.doFilter(request(crash, "{\"crash\":1}"), new Sent().proxy(), chain);
+        Sent crashed = new Sent();
+        filter.doFilter(request(crash, "{\"crash\":1}"), crashed.proxy(), chain);
+        check("filter: a 5xx is not stored: the retry runs again", crashed.status == 500 && runs.get() == 3, runs);
+    }
+
+    public static void main(String[] args) throws Exception {
+        Pool pool = Pool.fromEnvironment(4, "idempotency-test-java");
+        Idempotency idem = new Idempotency(pool);
+        try {
+            core(pool, idem);
+            external(idem);
+            filter(idem);
+        } catch (Exception | AssertionError e) {
+            e.printStackTrace();
+            check("the test ran to its end", false, e);
+        } finally {
+            pool.close();
+        }
+        System.out.println(passed + " passed, " + failed + " failed");
+        System.exit(failed == 0 ? 0 : 1);
+    }
+}

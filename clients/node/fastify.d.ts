@@ -1,0 +1,16 @@
+import type { Idempotency } from './index';
+import type { AdapterOptions, Handler } from './lib/adapter';
+
+/** Fastify's request and reply, as far as the adapter uses them. */
+export interface FastifyRequestLike {
+  headers: Record<string, string | string[] | undefined>;
+  body?: unknown;
+}
+export interface FastifyReplyLike {
+  code(status: number): this;
+  headers(values: Record<string, string | string[]>): this;
+  send(payload: Buffer): this;
+}
+
+export function idempotent(idem: Idempotency, options: AdapterOptions<FastifyRequestLike>, handler: Handler<FastifyRequestLike>):
+  (request: FastifyRequestLike, reply: FastifyReplyLike) => Promise<FastifyReplyLike>;

@@ -1,0 +1,379 @@
+// The Idempotency-Key pattern on the idempotency PostgreSQL extension, over
+// node-postgres (`pg`).
+//
+// Two forms, each one call:
+//
+//   idem.run(call, handler)          one transaction: the claim, the
+//                                    handler's writes (on the claim's
+//                                    client) and the completion commit
+//                                    together;
+//   idem.runExternal(call, handler)  three: the claim commits with a lease,
+//                                    the handler calls something outside the
+//                                    database while the lease is extended,
+//                                    then the outcome commits.
+//
+// Both resolve to the HTTP answer, { status, headers, body, outcome,
+// replayed }, every outcome of idem_claim mapped as the README's table says.
+//
+// Round trips of run(): a new key takes three (BEGIN with the claim, the
+// handler's own statements, the completion with COMMIT), a retry one (the
+// answer is returned as soon as the claim is; the COMMIT of the claim's
+// transaction follows on the same connection before it goes back to the
+// pool).  To fold statements into one query string the values are written
+// into the SQL as literals, quoted as libpq's PQescapeLiteral does, which is
+// exact for UTF-8, the only client encoding node-postgres speaks.
+'use strict';
+
+// SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
+const BAD_KEY = new Set(['22023', '22004']);
+// The request was not JSON that jsonb accepts (a \u0000 escape, say).
+const BAD_REQUEST = new Set(['22P02', '22P05']);
+const STALE_TOKEN = '55000';
+
+const JSON_TYPE = ['Content-Type', 'application/json'];
+const EMPTY = Buffer.alloc(0);
+
+// The columns of idem_claim's row that the answer needs.
+const DECISION_COLUMNS =
+  'outcome, token, attempt, recovery_point, http_status, headers, body, error_code, retry_after, raw_body';
+
+const MESSAGES = {
+  in_progress: 'a request with this Idempotency-Key is still being processed; retry after Retry-After seconds',
+  mismatch: 'this Idempotency-Key was used for a different request',
+  unknown: 'the outcome of an earlier attempt with this Idempotency-Key is unknown; query the resource before retrying',
+  expired: 'this Idempotency-Key has expired; look the resource up by its business reference before sending the command again with a new key',
+  rate_limited: 'too many new requests; send it again after Retry-After seconds, with the same Idempotency-Key',
+};
+
+// An answer that is not stored: thrown by a handler, the transaction rolls
+// back (a retry proceeds) and the client gets this status and error code.
+class HttpError extends Error {
+  constructor(status, errorCode, message) {
+    super(message);
+    this.name = 'HttpError';
+    this.status = status;
+    this.errorCode = errorCode;
+  }
+
+  toResponse() {
+    return jsonResponse(this.status, { error_code: this.errorCode, message: this.message });
+  }
+}
+
+// Thrown by an external-call handler that failed before any side effect:
+// the attempt is recorded as retryable (idem_fail(retryable => true)), so
+// that a retry with the same key runs again, and the client gets 503.
+class RetryableError extends Error {
+  constructor(message, { status = 503, retryAfter = 1 } = {}) {
+    super(message);
+    this.name = 'RetryableError';
+    this.status = status;
+    this.retryAfter = retryAfter;
+  }
+}
+
+// A completion refused because the attempt lost its lease to another one
+// (SQLSTATE 55000): its outcome was not stored.
+class LeaseLostError extends Error {
+  constructor(cause) {
+    super(`the attempt lost its lease; its outcome was not stored: ${cause.message}`);
+    this.name = 'LeaseLostError';
+    this.cause = cause;
+  }
+}
+
+// A string as an SQL literal, as PQescapeLiteral writes it: quotes doubled,
+// and with a backslash, E'' with backslashes doubled, so that it reads the
+// same whatever standard_conforming_strings says.  NUL cannot be sent.
+function literal(value) {
+  const s = String(value);
+  if (s.includes('\0')) throw new RangeError('a string sent to PostgreSQL cannot contain NUL');
+  const quoted = s.replace(/'/g, "''");
+  return s.includes('\\') ? ` E'${quoted.replace(/\\/g, '\\\\')}'` : `'${quoted}'`;
+}
+
+function identifier(name) {
+  if (name.includes('\0')) throw new RangeError('an identifier cannot contain NUL');
+  return `"${name.replace(/"/g, '""')}"`;
+}
+
+function bytea(buffer) {
+  return `decode('${buffer.toString('hex')}', 'hex')`;
+}
+
+// An interval argument: a number of milliseconds or PostgreSQL interval text.
+function interval(value) {
+  if (typeof value === 'number') {
+    if (!Number.isFinite(value) || value < 0) throw new RangeError(`not a duration: ${value}`);
+    return literal(`${value} milliseconds`);
+  }
+  return literal(value);
+}
+
+const jsonResponse = (status, value, extra = []) =>
+  ({ status, headers: [JSON_TYPE, ...extra], body: Buffer.from(JSON.stringify(value)) });
+
+function errorResponse(status, errorCode, message, extra) {
+  return jsonResponse(status, { error_code: errorCode, message }, extra);
+}
+
+// The answer to an outcome other than proceed (README, "HTTP mapping").
+function answer(decision) {
+  const { outcome } = decision;
+  let response;
+  switch (outcome) {
+    case 'replay': {
+      const headers = decision.headers == null ? []
+        : Array.isArray(decision.headers) ? decision.headers.slice()
+          : Object.entries(decision.headers);
+      headers.push(['Idempotent-Replayed', 'true']);
+      let body = decision.raw_body;
+      if (body == null) body = decision.body == null ? EMPTY : Buffer.from(JSON.stringify(decision.body));
+      response = { status: decision.http_status, headers, body };
+      break;
+    }
+    case 'in_progress':
+    case 'rate_limited':
+      response = errorResponse(decision.http_status, decision.error_code, MESSAGES[outcome],
+        [['Retry-After', String(decision.retry_after)]]);
+      break;
+    case 'mismatch':
+    case 'unknown':
+    case 'expired':
+      response = errorResponse(decision.http_status, decision.error_code, MESSAGES[outcome]);
+      break;
+    default:
+      throw new Error(`unexpected outcome of idem_claim: ${outcome}`);
+  }
+  response.outcome = outcome;
+  response.replayed = outcome === 'replay';
+  return response;
+}
+
+function headerPairs(headers) {
+  if (headers == null) return [];
+  const pairs = Array.isArray(headers) ? headers : Object.entries(headers);
+  return pairs.map(([name, value]) => [String(name), String(value)]);
+}
+
+const hasHeader = (pairs, name) => pairs.some(([n]) => n.toLowerCase() === name);
+
+// What a handler returns, as the bytes and header pairs sent and stored:
+// { status, headers (object or [name, value] pairs), body (Buffer, string,
+// or any other value, sent as JSON), resourceId, failed, retryable }.
+function toResponse(result) {
+  if (result === null || typeof result !== 'object') {
+    throw new TypeError('an idempotent handler must return { status, headers, body }');
+  }
+  const status = result.status === undefined ? 200 : result.status;
+  if (!Number.isInteger(status) || status < 100 || status > 599) {
+    throw new RangeError(`not an HTTP status: ${status}`);
+  }
+  const headers = headerPairs(result.headers);
+  let { body } = result;
+  if (body == null) {
+    body = EMPTY;
+  } else if (typeof body === 'string') {
+    body = Buffer.from(body);
+  } else if (body instanceof Uint8Array) {
+    body = Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+  } else {
+    body = Buffer.from(JSON.stringify(body));
+    if (!hasHeader(headers, 'content-type')) headers.unshift(JSON_TYPE);
+  }
+  return {
+    status, headers, body,
+    resourceId: result.resourceId == null ? null : String(result.resourceId),
+    failed: Boolean(result.failed || result.retryable),
+    retryable: Boolean(result.retryable),
+  };
+}
+
+const claimOptions = [
+  ['tenant', 'tenant', literal], ['caller', 'caller', literal], ['ttl', 'ttl', interval],
+  ['lease', 'lease', interval], ['wait', 'wait', interval],
+  ['onLeaseExpiry', 'on_lease_expiry', literal], ['onExpired', 'on_expired', literal],
+];
+
+class Idempotency {
+  // pool: a pg.Pool (anything with connect() and query()).  options: the
+  // defaults of every call (operation, tenant, caller, ttl, lease, wait,
+  // onLeaseExpiry, onExpired) and schema, the extension's schema when it is
+  // not on the search_path.  Durations are milliseconds or interval text.
+  constructor(pool, options = {}) {
+    if (!pool || typeof pool.connect !== 'function' || typeof pool.query !== 'function') {
+      throw new TypeError('new Idempotency(pool): a pg.Pool is required');
+    }
+    const { schema, ...defaults } = options;
+    this.pool = pool;
+    this.defaults = defaults;
+    this.prefix = schema ? `${identifier(schema)}.` : '';
+  }
+
+  // The SELECT of idem_claim for a call, every value a literal.
+  claimSql(call) {
+    const c = { ...this.defaults, ...call };
+    if (typeof c.operation !== 'string' || c.operation === '') {
+      throw new TypeError('an idempotent call needs an operation');
+    }
+    let request = 'NULL';
+    if (c.request !== undefined && c.request !== null) {
+      request = `${literal(c.rawRequest ? c.request : JSON.stringify(c.request))}::jsonb`;
+    }
+    let sql = `SELECT ${DECISION_COLUMNS} FROM ${this.prefix}idem_claim(${literal(c.operation)}, ${
+      literal(c.key)}, ${request}`;
+    for (const [option, argument, quote] of claimOptions) {
+      if (c[option] !== undefined && c[option] !== null) sql += `, ${argument} => ${quote(c[option])}`;
+    }
+    return `${sql})`;
+  }
+
+  // The completion of an attempt with the handler's response.
+  finishSql(token, response) {
+    let sql = response.failed ? `SELECT ${this.prefix}idem_fail(` : `SELECT ${this.prefix}idem_complete(`;
+    sql += `${literal(token)}, ${response.status}, headers => ${
+      literal(JSON.stringify(response.headers))}::jsonb, raw_body => ${bytea(response.body)}`;
+    if (response.failed) sql += `, retryable => ${response.retryable}`;
+    else if (response.resourceId !== null) sql += `, resource_id => ${literal(response.resourceId)}`;
+    return `${sql})`;
+  }
+
+  // The 400 of a key that is missing or cannot be sent; null when it can.
+  static checkKey(key) {
+    if (key === undefined || key === null) {
+      return errorResponse(400, 'IDEMPOTENCY_KEY_MISSING', 'the Idempotency-Key header is required');
+    }
+    if (typeof key !== 'string' || key.includes('\0')) {
+      return errorResponse(400, 'IDEMPOTENCY_KEY_INVALID', 'the Idempotency-Key must be printable ASCII');
+    }
+    return null;
+  }
+
+  // A claim that raised: the client's fault (400) or a real error (thrown).
+  static claimError(err) {
+    if (BAD_KEY.has(err.code)) return errorResponse(400, 'IDEMPOTENCY_KEY_INVALID', err.message);
+    if (BAD_REQUEST.has(err.code)) return errorResponse(400, 'INVALID_REQUEST', err.message);
+    throw err;
+  }
+
+  // One transaction.  call: { operation, key, request, tenant, ... } (the
+  // request is any JSON value, or JSON text with rawRequest: true).
+  // handler(client, ctx) runs only for a new key (or a new attempt), inside
+  // the claim's transaction, on its client; ctx holds key, token, attempt
+  // and recoveryPoint.  It returns the response (see toResponse); with
+  // failed: true it is stored with idem_fail and replayed.  When it throws,
+  // everything rolls back and the error is thrown again: a retry proceeds.
+  async run(call, handler) {
+    const bad = Idempotency.checkKey(call.key);
+    if (bad) return { ...bad, outcome: null, replayed: false };
+    const claim = `BEGIN;${this.claimSql(call)}`;
+    const client = await this.pool.connect();
+    let open = true;
+    let broken;
+    try {
+      let decision;
+      try {
+        decision = (await client.query(claim))[1].rows[0];
+      } catch (err) {
+        return { ...Idempotency.claimError(err), outcome: null, replayed: false };
+      }
+      if (decision.outcome !== 'proceed') {
+        // Answered now; the claim's transaction commits behind the answer
+        // (a claim that found an ended lease may have made the record
+        // unknown), before the client goes back to the pool.
+        open = false;
+        client.query('COMMIT').then(() => client.release(), (err) => client.release(err));
+        return answer(decision);
+      }
+      const ctx = {
+        key: call.key, token: decision.token, attempt: decision.attempt,
+        recoveryPoint: decision.recovery_point,
+      };
+      const response = toResponse(await handler(client, ctx));
+      await client.query(`${this.finishSql(decision.token, response)};COMMIT`);
+      open = false;
+      client.release();
+      return {
+        status: response.status, headers: response.headers, body: response.body,
+        outcome: 'proceed', replayed: false,
+      };
+    } finally {
+      if (open) {
+        await client.query('ROLLBACK').catch((err) => { broken = err; });
+        client.release(broken);
+      }
+    }
+  }
+
+  // Three transactions, for a side effect outside the database.  The claim
+  // commits a processing record with a lease (call.lease, milliseconds,
+  // default 30 s), extended every third of it while handler(ctx) runs; the
+  // response it returns is then committed with idem_complete (idem_fail
+  // with failed: true).  ctx: key, token, attempt, recoveryPoint, signal
+  // (aborted when the lease is lost), checkpoint(point), deriveKey(step).
+  // When the handler throws RetryableError the attempt is stored as
+  // retryable; any other error leaves the record processing, and once its
+  // lease ends, retries answer unknown (409 IDEMPOTENCY_OUTCOME_UNKNOWN) or,
+  // with onLeaseExpiry: 'retry', proceed from the last checkpoint.
+  async runExternal(call, handler) {
+    const bad = Idempotency.checkKey(call.key);
+    if (bad) return { ...bad, outcome: null, replayed: false };
+    const lease = call.lease ?? this.defaults.lease ?? 30000;
+    if (typeof lease !== 'number' || !(lease > 0)) {
+      throw new RangeError('runExternal: lease must be a positive number of milliseconds');
+    }
+    let decision;
+    try {
+      decision = (await this.pool.query(this.claimSql({ ...call, lease }))).rows[0];
+    } catch (err) {
+      return { ...Idempotency.claimError(err), outcome: null, replayed: false };
+    }
+    if (decision.outcome !== 'proceed') return answer(decision);
+
+    const { token } = decision;
+    const controller = new AbortController();
+    const onLost = (err) => {
+      if (err.code === STALE_TOKEN) controller.abort(new LeaseLostError(err));
+    };
+    const heartbeat = setInterval(() => {
+      this.pool.query(`SELECT ${this.prefix}idem_heartbeat(${literal(token)}, ${interval(lease)})`)
+        .catch(onLost);
+    }, Math.max(lease / 3, 10));
+    heartbeat.unref();
+    const ctx = {
+      key: call.key, token, attempt: decision.attempt, recoveryPoint: decision.recovery_point,
+      signal: controller.signal,
+      checkpoint: (point) => this.pool.query(
+        `SELECT ${this.prefix}idem_checkpoint(${literal(token)}, ${literal(point)})`).then(() => undefined),
+      deriveKey: async (step) => (await this.pool.query(
+        `SELECT ${this.prefix}idem_derive_key(${literal(call.key)}, ${literal(step)}) AS k`)).rows[0].k,
+    };
+    let response;
+    try {
+      response = toResponse(await handler(ctx));
+    } catch (err) {
+      clearInterval(heartbeat);
+      if (!(err instanceof RetryableError)) throw err;
+      response = toResponse({
+        ...errorResponse(err.status, 'RETRYABLE_FAILURE', err.message,
+          [['Retry-After', String(err.retryAfter)]]),
+        retryable: true,
+      });
+    }
+    clearInterval(heartbeat);
+    try {
+      await this.pool.query(this.finishSql(token, response));
+    } catch (err) {
+      if (err.code === STALE_TOKEN) throw new LeaseLostError(err);
+      throw err;
+    }
+    return {
+      status: response.status, headers: response.headers, body: response.body,
+      outcome: 'proceed', replayed: false,
+    };
+  }
+}
+
+module.exports = {
+  Idempotency, HttpError, RetryableError, LeaseLostError, answer, toResponse, literal,
+};

@@ -1,0 +1,93 @@
+// What the framework adapters share: reading and parsing the body, the
+// call of the core, and the answer to an error.
+'use strict';
+
+const { HttpError } = require('../index');
+
+const MAX_BODY = 1 << 20;
+
+// The body of a node:http request as a Buffer, at most `limit` bytes (413
+// beyond).
+function readBody(req, limit = MAX_BODY) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    let size = 0;
+    req.on('data', (chunk) => {
+      size += chunk.length;
+      if (size > limit) reject(new HttpError(413, 'BODY_TOO_LARGE', 'the body is too large'));
+      else chunks.push(chunk);
+    });
+    req.on('end', () => resolve(Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+// JSON text as a value; an empty body is null.  Not JSON: 400.
+function parseJson(text) {
+  if (text === '') return null;
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new HttpError(400, 'INVALID_JSON', 'the body is not valid JSON');
+  }
+}
+
+function checkOptions(idem, options, handler) {
+  if (!idem || typeof idem.run !== 'function') throw new TypeError('an Idempotency instance is required');
+  if (!options || typeof options.operation !== 'string') throw new TypeError('options.operation is required');
+  if (typeof handler !== 'function') throw new TypeError('a handler function is required');
+}
+
+// Run the handler for a request through the core: key and body as the
+// framework gives them; `text` is the body's JSON text when the adapter
+// read it itself (sent as is, so the fingerprint is of what the client
+// sent), else the parsed body is sent.  options: operation, the claim's
+// options, external (the three-transaction form), validateRequest(req,
+// body) (checks before the claim: an HttpError it throws is answered and
+// nothing is stored), request(req, body) (what the fingerprint covers,
+// default the body), tenant(req) (default options.tenant).
+async function execute(idem, options, { req, key, body, text }, handler) {
+  const { request, tenant, external, operation, validateRequest, ...claim } = options;
+  if (validateRequest) await validateRequest(req, body);
+  const call = { ...claim, operation, key };
+  if (typeof tenant === 'function') call.tenant = tenant(req);
+  else if (tenant !== undefined) call.tenant = tenant;
+  if (request) {
+    call.request = request(req, body);
+  } else if (text !== undefined) {
+    call.request = text === '' ? null : text;
+    call.rawRequest = true;
+  } else {
+    call.request = body === undefined ? null : body;
+  }
+  if (external) return idem.runExternal(call, (ctx) => handler({ ...ctx, req, body }));
+  return idem.run(call, (client, ctx) => handler(client, { ...ctx, req, body }));
+}
+
+// The answer to an error that the framework does not handle itself: an
+// HttpError's own, else 500 (the transaction rolled back: a retry proceeds).
+function errorAnswer(err, onError, req) {
+  if (err instanceof HttpError) return err.toResponse();
+  if (onError) onError(err, req);
+  return new HttpError(500, 'INTERNAL_ERROR', 'the request failed; try again').toResponse();
+}
+
+// Send { status, headers ([name, value] pairs, in order, repeats kept),
+// body } on a node:http response.  Headers set before (by a framework) stay;
+// writeHead would then set each name once, so the pairs are appended.
+function writeResponse(res, response) {
+  const length = String(response.body.length);
+  if (res.getHeaderNames().length === 0) {
+    const flat = [];
+    for (const [name, value] of response.headers) flat.push(name, value);
+    flat.push('Content-Length', length);
+    res.writeHead(response.status, flat);
+  } else {
+    for (const [name, value] of response.headers) res.appendHeader(name, value);
+    res.setHeader('Content-Length', length);
+    res.writeHead(response.status);
+  }
+  res.end(response.body);
+}
+
+module.exports = { readBody, parseJson, checkOptions, execute, errorAnswer, writeResponse, MAX_BODY };

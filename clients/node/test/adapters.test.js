@@ -1,0 +1,135 @@
+// Tests of the node:http, Express and Fastify adapters: each serves a route
+// on 127.0.0.1 against a running PostgreSQL (see core.test.js), and real
+// requests check what the client gets.
+'use strict';
+
+const { test, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { randomUUID } = require('node:crypto');
+const http = require('node:http');
+const { Pool } = require('pg');
+const express = require('express');
+const fastify = require('fastify');
+const { Idempotency, HttpError } = require('..');
+const httpAdapter = require('../http');
+const expressAdapter = require('../express');
+const fastifyAdapter = require('../fastify');
+
+const pool = new Pool({ max: 4 });
+const idem = new Idempotency(pool);
+const run = randomUUID().slice(0, 8);
+after(() => pool.end());
+
+// The route's handler: 201 with repeated headers, unless the body asks for
+// an HttpError or a crash.  It counts its runs per key.
+const runs = new Map();
+async function handler(client, { key, body, attempt }) {
+  runs.set(key, (runs.get(key) || 0) + 1);
+  if (body && body.httpError) throw new HttpError(503, 'NOT_NOW', 'try later');
+  if (body && body.crash) throw new Error('crash');
+  const { rows: [{ n }] } = await client.query('SELECT $1::int + 1 AS n', [body.n]);
+  return { status: 201, headers: [['X-Tag', 'a'], ['X-Tag', 'b'], ['Location', `/things/${n}`]], body: { n, attempt } };
+}
+
+function externalHandler({ body, token }) {
+  return { status: 202, body: { accepted: body.n, hasToken: typeof token === 'string' } };
+}
+
+const servers = {
+  http: async (operation) => {
+    const post = httpAdapter.idempotent(idem, { operation }, handler);
+    const ext = httpAdapter.idempotent(idem, { operation: `${operation}.ext`, external: true }, externalHandler);
+    return http.createServer((req, res) => (req.url === '/ext' ? ext : post)(req, res));
+  },
+  express: async (operation) => {
+    const app = express();
+    app.post('/things', express.json(), expressAdapter.idempotent(idem, { operation }, handler));
+    app.post('/ext', expressAdapter.idempotent(idem, { operation: `${operation}.ext`, external: true }, externalHandler));
+    return http.createServer(app);
+  },
+  fastify: async (operation) => {
+    const app = fastify();
+    app.post('/things', fastifyAdapter.idempotent(idem, { operation }, handler));
+    app.post('/ext', fastifyAdapter.idempotent(idem, { operation: `${operation}.ext`, external: true }, externalHandler));
+    await app.ready();
+    return app.server;
+  },
+};
+
+function send(port, path, key, body) {
+  return new Promise((resolve, reject) => {
+    const headers = { 'Content-Type': 'application/json' };
+    if (key !== undefined) headers['Idempotency-Key'] = key;
+    const req = http.request({ host: '127.0.0.1', port, method: 'POST', path, headers, agent: false }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => {
+        const raw = Buffer.concat(chunks);
+        const pairs = [];
+        for (let i = 0; i < res.rawHeaders.length; i += 2) pairs.push([res.rawHeaders[i], res.rawHeaders[i + 1]]);
+        let json = null;
+        try { json = JSON.parse(raw); } catch { /* not JSON */ }
+        resolve({ status: res.statusCode, headers: res.headers, pairs, raw, json });
+      });
+    });
+    req.on('error', reject);
+    req.end(body === undefined ? undefined : JSON.stringify(body));
+  });
+}
+
+for (const [name, make] of Object.entries(servers)) {
+  test(`${name}: new key, replay, mismatch, bad key, HttpError and crash`, async (t) => {
+    const server = await make(`test.node.${name}.${run}`);
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+    t.after(() => new Promise((resolve) => server.close(resolve)));
+    const { port } = server.address();
+    const key = randomUUID();
+
+    const first = await send(port, '/things', key, { n: 41 });
+    assert.equal(first.status, 201);
+    assert.deepEqual(first.json, { n: 42, attempt: 1 });
+    assert.equal(first.headers['x-tag'], 'a, b');
+    assert.equal(first.headers['idempotent-replayed'], undefined);
+
+    const again = await send(port, '/things', key, { n: 41 });
+    assert.equal(again.status, 201);
+    assert.equal(again.headers['idempotent-replayed'], 'true');
+    assert.ok(again.raw.equals(first.raw));
+    const stored = (r) => r.pairs.filter(([n]) => /^(x-tag|location|content-type)$/i.test(n));
+    assert.deepEqual(stored(again), stored(first));
+    assert.equal(runs.get(key), 1);
+
+    const other = await send(port, '/things', key, { n: 7 });
+    assert.equal(other.status, 422);
+    assert.equal(other.json.error_code, 'IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST');
+
+    const missing = await send(port, '/things', undefined, { n: 1 });
+    assert.equal(missing.status, 400);
+    assert.equal(missing.json.error_code, 'IDEMPOTENCY_KEY_MISSING');
+    const invalid = await send(port, '/things', 'k'.repeat(300), { n: 1 });
+    assert.equal(invalid.status, 400);
+    assert.equal(invalid.json.error_code, 'IDEMPOTENCY_KEY_INVALID');
+
+    // an HttpError is answered and stores nothing: the retry runs again
+    const busyKey = randomUUID();
+    const busy = await send(port, '/things', busyKey, { n: 1, httpError: true });
+    assert.equal(busy.status, 503);
+    assert.equal(busy.json.error_code, 'NOT_NOW');
+    await send(port, '/things', busyKey, { n: 1, httpError: true });
+    assert.equal(runs.get(busyKey), 2);
+
+    const crashKey = randomUUID();
+    const crash = await send(port, '/things', crashKey, { n: 1, crash: true });
+    assert.equal(crash.status, 500);
+    await send(port, '/things', crashKey, { n: 1, crash: true });
+    assert.equal(runs.get(crashKey), 2);
+
+    const extKey = randomUUID();
+    const ext = await send(port, '/ext', extKey, { n: 5 });
+    assert.equal(ext.status, 202);
+    assert.deepEqual(ext.json, { accepted: 5, hasToken: true });
+    const extAgain = await send(port, '/ext', extKey, { n: 5 });
+    assert.equal(extAgain.status, 202);
+    assert.equal(extAgain.headers['idempotent-replayed'], 'true');
+  });
+}

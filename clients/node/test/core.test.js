@@ -1,0 +1,325 @@
+// Tests of the core (index.js) against a running PostgreSQL with the
+// extension and examples/schema.sql: node --test test/
+//
+// The connection comes from libpq's environment (PGHOST, PGPORT, PGDATABASE,
+// PGUSER, the role examples/schema.sql grants the API to); IDEM_ADMIN_DSN, a
+// superuser connection to the same database, enables the checks that read
+// idem_records.  Every operation name is this run's own.
+'use strict';
+
+const { test, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { randomUUID } = require('node:crypto');
+const { Pool, Client } = require('pg');
+const { Idempotency, HttpError, RetryableError, answer, literal } = require('..');
+
+const pool = new Pool({ max: 4 });
+const run = randomUUID().slice(0, 8);
+const op = (name) => `test.node.${name}.${run}`;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const idem = new Idempotency(pool);
+
+after(() => pool.end());
+
+async function paymentsFor(key) {
+  const { rows } = await pool.query('SELECT id FROM payments WHERE idempotency_key = $1', [key]);
+  return rows.length;
+}
+
+// IDEM_ADMIN_DSN, libpq's key=value form (without quoting), as pg's config.
+function adminConfig() {
+  const names = { host: 'host', port: 'port', dbname: 'database', user: 'user', password: 'password' };
+  const config = {};
+  for (const pair of process.env.IDEM_ADMIN_DSN.trim().split(/\s+/)) {
+    const [k, v] = pair.split('=');
+    if (names[k]) config[names[k]] = v;
+  }
+  return config;
+}
+
+// A handler that writes a payment on the claim's client.
+const pay = (amount) => async (client, ctx) => {
+  const { rows: [p] } = await client.query(
+    "INSERT INTO payments (idempotency_key, amount, currency) VALUES ($1, $2, 'EUR') RETURNING id",
+    [ctx.key, amount]);
+  return {
+    status: 201,
+    headers: [['Location', `/payments/${p.id}`], ['X-Tag', 'a'], ['X-Tag', 'b']],
+    body: { id: p.id, amount },
+    resourceId: p.id,
+  };
+};
+
+// A pool whose clients count the queries sent on them.
+function countingPool() {
+  const counted = { queries: [] };
+  counted.connect = async () => {
+    const client = await pool.connect();
+    return {
+      query: (...args) => { counted.queries.push(args[0]); return client.query(...args); },
+      release: (err) => client.release(err),
+    };
+  };
+  counted.query = (...args) => { counted.queries.push(args[0]); return pool.query(...args); };
+  return counted;
+}
+
+// Claim outcomes for a key until one is not in_progress, for 20 s at most.
+async function settled(call) {
+  const deadline = Date.now() + 20000;
+  for (;;) {
+    const r = await idem.run(call, () => { throw new Error('must not run'); });
+    if (r.outcome !== 'in_progress' || Date.now() > deadline) return r;
+    await sleep(20);
+  }
+}
+
+test('literal() quotes as PQescapeLiteral: any text reads back unchanged, with either standard_conforming_strings', async () => {
+  const nasty = ["it's", "'); DROP TABLE payments; --", 'back\\slash', "\\'", "\\\\''", 'E\'x\'', 'ünïcødé ✓', '$$', '"q"', ''];
+  const client = new Client();
+  await client.connect();
+  try {
+    for (const scs of ['on', 'off']) {
+      await client.query(`SET standard_conforming_strings = ${scs}`);
+      for (const s of nasty) {
+        const { rows: [{ v }] } = await client.query(`SELECT ${literal(s)}::text AS v`);
+        assert.equal(v, s, `standard_conforming_strings = ${scs}`);
+      }
+    }
+  } finally {
+    await client.end();
+  }
+  assert.throws(() => literal('a\0b'), RangeError);
+});
+
+test('a new key runs the handler inside the claim transaction and answers its response', async () => {
+  const key = randomUUID();
+  const r = await idem.run({ operation: op('new'), key, request: { amount: 10 } }, pay(10));
+  assert.equal(r.outcome, 'proceed');
+  assert.equal(r.replayed, false);
+  assert.equal(r.status, 201);
+  assert.deepEqual(r.headers.map(([n]) => n), ['Content-Type', 'Location', 'X-Tag', 'X-Tag']);
+  assert.equal(JSON.parse(r.body).amount, 10);
+  assert.equal(await paymentsFor(key), 1);
+});
+
+test('a retry replays the stored status, header pairs and body bytes, with Idempotent-Replayed', async () => {
+  const key = randomUUID();
+  const call = { operation: op('replay'), key, request: { amount: 11, currency: 'EUR' } };
+  const first = await idem.run(call, pay(11));
+  const again = await idem.run({ ...call, request: { currency: 'EUR', amount: 11 } },
+    () => { throw new Error('the handler must not run for a replay'); });
+  assert.equal(again.outcome, 'replay');
+  assert.equal(again.replayed, true);
+  assert.equal(again.status, 201);
+  assert.deepEqual(again.headers, [...first.headers, ['Idempotent-Replayed', 'true']]);
+  assert.ok(again.body.equals(first.body));
+  assert.equal(await paymentsFor(key), 1);
+});
+
+test('a handler that throws rolls everything back and the retry proceeds', async () => {
+  const key = randomUUID();
+  const call = { operation: op('throw'), key, request: { amount: 12 } };
+  await assert.rejects(idem.run(call, async (client, ctx) => {
+    await pay(12)(client, ctx);
+    throw new Error('boom');
+  }), /boom/);
+  assert.equal(await paymentsFor(key), 0);
+  const r = await idem.run(call, pay(12));
+  assert.equal(r.outcome, 'proceed');
+  assert.equal(await paymentsFor(key), 1);
+  // an HttpError is thrown the same way, for the adapters to answer
+  await assert.rejects(idem.run({ ...call, key: randomUUID() }, () => {
+    throw new HttpError(503, 'BUSY', 'later');
+  }), HttpError);
+});
+
+test('failed: true is stored with idem_fail and replayed', async () => {
+  const call = { operation: op('fail'), key: randomUUID(), request: { amount: -1 } };
+  const r = await idem.run(call, () => ({ status: 400, body: { error_code: 'VALIDATION_FAILED' }, failed: true }));
+  assert.equal(r.status, 400);
+  const again = await idem.run(call, () => { throw new Error('must not run'); });
+  assert.equal(again.status, 400);
+  assert.equal(again.replayed, true);
+  assert.ok(again.body.equals(r.body));
+});
+
+test('the same key for another request: 422 IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST', async () => {
+  const call = { operation: op('mismatch'), key: randomUUID(), request: { amount: 13 } };
+  await idem.run(call, pay(13));
+  const r = await idem.run({ ...call, request: { amount: 14 } }, () => { throw new Error('must not run'); });
+  assert.equal(r.status, 422);
+  assert.equal(r.outcome, 'mismatch');
+  assert.equal(JSON.parse(r.body).error_code, 'IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST');
+});
+
+test('a key held by a running attempt: 409 IDEMPOTENCY_REQUEST_IN_PROGRESS with Retry-After', async () => {
+  const call = { operation: op('busy'), key: randomUUID(), request: { amount: 15 } };
+  let release;
+  const held = new Promise((resolve) => { release = resolve; });
+  let entered;
+  const inside = new Promise((resolve) => { entered = resolve; });
+  const first = idem.run(call, async (client, ctx) => {
+    entered();
+    await held;
+    return pay(15)(client, ctx);
+  });
+  await inside;
+  const r = await idem.run(call, () => { throw new Error('must not run'); });
+  release();
+  assert.equal(r.status, 409);
+  assert.equal(JSON.parse(r.body).error_code, 'IDEMPOTENCY_REQUEST_IN_PROGRESS');
+  assert.match(Object.fromEntries(r.headers)['Retry-After'], /^[1-9]\d*$/);
+  assert.equal((await first).status, 201);
+});
+
+test('a missing key is 400 IDEMPOTENCY_KEY_MISSING; an invalid one 400 IDEMPOTENCY_KEY_INVALID, nothing run', async () => {
+  const never = () => { throw new Error('must not run'); };
+  for (const key of [undefined, null]) {
+    const r = await idem.run({ operation: op('keys'), key, request: {} }, never);
+    assert.equal(r.status, 400);
+    assert.equal(JSON.parse(r.body).error_code, 'IDEMPOTENCY_KEY_MISSING');
+  }
+  for (const key of ['', 'k'.repeat(300), 'caf\u00e9', 'a\0b']) {
+    const r = await idem.run({ operation: op('keys'), key, request: {} }, never);
+    assert.equal(r.status, 400, JSON.stringify(key));
+    assert.equal(JSON.parse(r.body).error_code, 'IDEMPOTENCY_KEY_INVALID');
+  }
+});
+
+test('keys, requests and headers with quotes and backslashes are sent as written', async () => {
+  const key = `x'); SELECT 1; --\\'\\`;
+  const request = { note: "it's \\' \"q\" $$" };
+  const call = { operation: op("quo'te"), key, request, tenant: "t\\'" };
+  const first = await idem.run(call, () => ({ status: 200, headers: [['X-Q', "a'b\\c"]], body: "'\\" }));
+  assert.equal(first.status, 200);
+  const again = await idem.run(call, () => { throw new Error('must not run'); });
+  assert.equal(again.outcome, 'replay');
+  assert.deepEqual(again.headers[0], ['X-Q', "a'b\\c"]);
+  assert.equal(again.body.toString(), "'\\");
+  const other = await idem.run({ ...call, request: { note: 'x' } }, () => { throw new Error('must not run'); });
+  assert.equal(other.outcome, 'mismatch');
+});
+
+test('a request that jsonb refuses is 400 INVALID_REQUEST', async () => {
+  const r = await idem.run({ operation: op('json'), key: randomUUID(), request: { s: '\u0000' } },
+    () => { throw new Error('must not run'); });
+  assert.equal(r.status, 400);
+  assert.equal(JSON.parse(r.body).error_code, 'INVALID_REQUEST');
+});
+
+test('round trips: a new key is two queries besides the handler\'s, a replay one before the answer', async () => {
+  const counted = countingPool();
+  const i = new Idempotency(counted);
+  const call = { operation: op('trips'), key: randomUUID(), request: { amount: 16 } };
+  await i.run(call, pay(16));
+  assert.equal(counted.queries.length, 3, counted.queries.join('\n'));
+  assert.match(counted.queries[0], /^BEGIN;SELECT .* FROM idem_claim\(/);
+  assert.match(counted.queries[2], /^SELECT idem_complete\(.*\);COMMIT$/);
+  counted.queries.length = 0;
+  const r = await i.run(call, () => { throw new Error('must not run'); });
+  assert.equal(r.outcome, 'replay');
+  assert.equal(counted.queries.length, 2); // the claim, then the COMMIT sent behind the answer
+  assert.equal(counted.queries[1], 'COMMIT');
+});
+
+test('answer() maps every outcome as the README says', () => {
+  const headersOf = (r) => Object.fromEntries(r.headers);
+  const code = (r) => JSON.parse(r.body).error_code;
+  let r = answer({ outcome: 'expired', http_status: 409, error_code: 'IDEMPOTENCY_KEY_EXPIRED' });
+  assert.deepEqual([r.status, code(r), headersOf(r)['Retry-After']], [409, 'IDEMPOTENCY_KEY_EXPIRED', undefined]);
+  r = answer({ outcome: 'rate_limited', http_status: 429, error_code: 'IDEMPOTENCY_RATE_LIMITED', retry_after: 3 });
+  assert.deepEqual([r.status, code(r), headersOf(r)['Retry-After']], [429, 'IDEMPOTENCY_RATE_LIMITED', '3']);
+  r = answer({ outcome: 'unknown', http_status: 409, error_code: 'IDEMPOTENCY_OUTCOME_UNKNOWN' });
+  assert.deepEqual([r.status, code(r), headersOf(r)['Retry-After']], [409, 'IDEMPOTENCY_OUTCOME_UNKNOWN', undefined]);
+  r = answer({ outcome: 'in_progress', http_status: 409, error_code: 'IDEMPOTENCY_REQUEST_IN_PROGRESS', retry_after: 2 });
+  assert.deepEqual([r.status, headersOf(r)['Retry-After']], [409, '2']);
+  // a response stored as jsonb (by another client) replays as its JSON text
+  r = answer({ outcome: 'replay', http_status: 200, headers: { 'X-A': '1' }, body: { a: 1 }, raw_body: null });
+  assert.deepEqual([r.status, r.body.toString(), r.headers], [200, '{"a":1}', [['X-A', '1'], ['Idempotent-Replayed', 'true']]]);
+  assert.throws(() => answer({ outcome: 'proceed' }));
+});
+
+test('external form: the claim commits with a lease, a retry meanwhile is 409, the outcome commits after', async () => {
+  const call = { operation: op('ext'), key: randomUUID(), request: { amount: 20 }, lease: 5000 };
+  let release;
+  const held = new Promise((resolve) => { release = resolve; });
+  let entered;
+  const inside = new Promise((resolve) => { entered = resolve; });
+  const first = idem.runExternal(call, async (ctx) => {
+    assert.equal(ctx.attempt, 1);
+    entered(await ctx.deriveKey('charge'));
+    await held;
+    return { status: 201, body: { charged: true } };
+  });
+  const derived = await inside;
+  assert.match(derived, /^[0-9a-f-]{36}$/);
+  // committed: another connection sees the attempt running
+  const busy = await idem.runExternal(call, () => { throw new Error('must not run'); });
+  assert.equal(busy.status, 409);
+  assert.equal(busy.outcome, 'in_progress');
+  release();
+  const r = await first;
+  assert.equal(r.status, 201);
+  const again = await idem.runExternal(call, () => { throw new Error('must not run'); });
+  assert.equal(again.replayed, true);
+  assert.ok(again.body.equals(r.body));
+});
+
+test('external form: an error leaves the outcome unknown once the lease ends (409 IDEMPOTENCY_OUTCOME_UNKNOWN)', async () => {
+  const call = { operation: op('unknown'), key: randomUUID(), request: { amount: 21 }, lease: 50 };
+  await assert.rejects(idem.runExternal(call, () => { throw new Error('provider timed out'); }), /provider/);
+  const r = await settled(call);
+  assert.equal(r.status, 409);
+  assert.equal(r.outcome, 'unknown');
+  assert.equal(JSON.parse(r.body).error_code, 'IDEMPOTENCY_OUTCOME_UNKNOWN');
+});
+
+test('external form: RetryableError stores a retryable failure (503) and the retry runs as attempt 2', async () => {
+  const call = { operation: op('retryable'), key: randomUUID(), request: { amount: 22 } };
+  const r = await idem.runExternal(call, () => { throw new RetryableError('provider unavailable'); });
+  assert.equal(r.status, 503);
+  assert.equal(Object.fromEntries(r.headers)['Retry-After'], '1');
+  const again = await idem.runExternal(call, (ctx) => ({ status: 201, body: { attempt: ctx.attempt } }));
+  assert.equal(again.status, 201);
+  assert.equal(JSON.parse(again.body).attempt, 2);
+});
+
+test('external form: with onLeaseExpiry retry, the next attempt resumes from the last checkpoint', async () => {
+  const call = { operation: op('resume'), key: randomUUID(), request: { amount: 23 }, lease: 50, onLeaseExpiry: 'retry' };
+  await assert.rejects(idem.runExternal(call, async (ctx) => {
+    await ctx.checkpoint('charged');
+    throw new Error('crashed after the charge');
+  }));
+  const deadline = Date.now() + 20000;
+  let r;
+  do {
+    r = await idem.runExternal({ ...call, lease: 5000 }, (ctx) => ({ status: 201, body: { resumed: ctx.recoveryPoint } }));
+  } while (r.outcome === 'in_progress' && Date.now() < deadline && await sleep(20) === undefined);
+  assert.equal(r.status, 201);
+  assert.deepEqual(JSON.parse(r.body), { resumed: 'charged' });
+});
+
+test('external form: the lease is extended while the handler runs', { skip: !process.env.IDEM_ADMIN_DSN && 'no IDEM_ADMIN_DSN' }, async () => {
+  const admin = new Client(adminConfig());
+  await admin.connect();
+  try {
+    const call = { operation: op('heartbeat'), key: randomUUID(), request: { amount: 24 }, lease: 600 };
+    const lockedUntil = async () => (await admin.query(
+      'SELECT locked_until FROM idem_records WHERE operation = $1 AND key = $2', [call.operation, call.key])).rows[0].locked_until;
+    const r = await idem.runExternal(call, async () => {
+      const start = await lockedUntil();
+      const deadline = Date.now() + 20000;
+      let now = start;
+      while (now.getTime() <= start.getTime() && Date.now() < deadline) {
+        await sleep(20);
+        now = await lockedUntil();
+      }
+      assert.ok(now > start, 'a heartbeat moved locked_until');
+      return { status: 200, body: 'ok' };
+    });
+    assert.equal(r.status, 200);
+  } finally {
+    await admin.end();
+  }
+});

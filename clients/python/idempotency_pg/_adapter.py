@@ -1,0 +1,45 @@
+"""What the framework adapters share: the body as JSON, and the call."""
+
+import json
+
+from .core import HttpError
+
+MAX_BODY = 1 << 20
+
+
+def parse(raw, max_body=MAX_BODY):
+    """(text, value) of a JSON body; an empty body is None.  Too large: 413;
+    not UTF-8 JSON: 400."""
+    if len(raw) > max_body:
+        raise HttpError(413, "BODY_TOO_LARGE", "the body is too large")
+    try:
+        text = raw.decode("utf-8")
+        return text, (json.loads(text) if text else None)
+    except ValueError:
+        raise HttpError(400, "INVALID_JSON", "the body is not valid JSON") from None
+
+
+def call_arguments(options, req, key, text, body):
+    """The keyword arguments of run() for a request.  options: operation,
+    the claim's options, validate_request(req, body) (checks before the
+    claim: an HttpError it raises is answered, nothing is stored),
+    request(req, body) (what the fingerprint covers; default the body as
+    sent), tenant (a value, or a function of req)."""
+    opts = dict(options)
+    validate = opts.pop("validate_request", None)
+    request = opts.pop("request", None)
+    tenant = opts.pop("tenant", None)
+    opts.pop("external", None)
+    if validate is not None:
+        validate(req, body)
+    if callable(tenant):
+        tenant = tenant(req)
+    if tenant is not None:
+        opts["tenant"] = tenant
+    if request is not None:
+        opts["request"] = request(req, body)
+    else:
+        opts["request"] = text or None
+        opts["raw_request"] = True
+    opts["key"] = key
+    return opts

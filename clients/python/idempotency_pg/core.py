@@ -1,0 +1,441 @@
+"""The Idempotency-Key pattern on the idempotency PostgreSQL extension.
+
+What every form shares: the SQL of the calls, the answer to each outcome of
+idem_claim (the README's HTTP mapping), and what a handler returns.  The
+synchronous core, over psycopg 3 or psycopg2, is `Idempotency`; the
+asynchronous one (psycopg 3) is `idempotency_pg.aio.AsyncIdempotency`.
+
+A call is one transaction: the claim, the handler's writes on the claim's
+connection, and the completion commit together.  Round trips for a new key:
+three (BEGIN with the claim, the handler's statements, the completion with
+COMMIT): psycopg 3 sends each pair in pipeline mode (the asynchronous core
+as one query string bound on the client, which costs less CPU under
+asyncio), psycopg2 as one query string (psycopg2 quotes the values itself).  A retry: the claim, then its
+COMMIT.
+"""
+
+import json
+import threading
+from contextlib import contextmanager
+
+# SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
+BAD_KEY = ("22023", "22004")
+# The request was not JSON that jsonb accepts (a \\u0000 escape, say).
+BAD_REQUEST = ("22P02", "22P05")
+STALE_TOKEN = "55000"
+
+JSON_TYPE = ("Content-Type", "application/json")
+
+COLUMNS = ("outcome", "token", "attempt", "recovery_point", "http_status", "headers",
+           "body", "error_code", "retry_after", "raw_body")
+
+MESSAGES = {
+    "in_progress": "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
+    "mismatch": "this Idempotency-Key was used for a different request",
+    "unknown": "the outcome of an earlier attempt with this Idempotency-Key is unknown; query the resource before retrying",
+    "expired": "this Idempotency-Key has expired; look the resource up by its business reference before sending the command again with a new key",
+    "rate_limited": "too many new requests; send it again after Retry-After seconds, with the same Idempotency-Key",
+}
+
+# The claim's options and their SQL argument names.
+CLAIM_OPTIONS = (("tenant", "tenant", ""), ("caller", "caller", ""), ("ttl", "ttl", "::interval"),
+                 ("lease", "lease", "::interval"), ("wait", "wait", "::interval"),
+                 ("on_lease_expiry", "on_lease_expiry", ""), ("on_expired", "on_expired", ""))
+
+
+class Response:
+    """The answer to send: status, headers ([name, value] pairs, in order,
+    repeats kept), body (bytes); outcome (None when the key was refused
+    before the claim) and replayed."""
+
+    __slots__ = ("status", "headers", "body", "outcome", "replayed")
+
+    def __init__(self, status, headers, body, outcome=None, replayed=False):
+        self.status, self.headers, self.body = status, headers, body
+        self.outcome, self.replayed = outcome, replayed
+
+    def header(self, name):
+        name = name.lower()
+        return next((v for n, v in self.headers if n.lower() == name), None)
+
+    def __repr__(self):
+        return "Response(%r, %r, %r, outcome=%r)" % (self.status, self.headers, self.body[:80], self.outcome)
+
+
+class HttpError(Exception):
+    """An answer that is not stored: raised by a handler, the transaction
+    rolls back (a retry proceeds) and the client gets this status."""
+
+    def __init__(self, status, error_code, message):
+        super().__init__(message)
+        self.status, self.error_code, self.message = status, error_code, message
+
+    def response(self):
+        return error_response(self.status, self.error_code, self.message)
+
+
+class RetryableError(Exception):
+    """Raised by an external-call handler that failed before any side effect:
+    stored as retryable (a retry runs again); the client gets 503."""
+
+    def __init__(self, message, status=503, retry_after=1):
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
+
+class LeaseLostError(Exception):
+    """The attempt's lease was taken over (SQLSTATE 55000): its outcome was
+    not stored."""
+
+
+def encode(value):
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def error_response(status, error_code, message, extra=()):
+    return Response(status, [JSON_TYPE, *extra], encode({"error_code": error_code, "message": message}))
+
+
+def answer(d):
+    """The answer to a decision (a dict of idem_claim's row) other than proceed."""
+    outcome = d["outcome"]
+    if outcome == "replay":
+        stored = d["headers"]
+        headers = [tuple(h) for h in stored] if isinstance(stored, list) else list((stored or {}).items())
+        headers.append(("Idempotent-Replayed", "true"))
+        body = d["raw_body"]
+        body = bytes(body) if body is not None else (b"" if d["body"] is None else encode(d["body"]))
+        return Response(d["http_status"], headers, body, outcome, True)
+    if outcome in ("in_progress", "rate_limited"):
+        r = error_response(d["http_status"], d["error_code"], MESSAGES[outcome],
+                           [("Retry-After", str(d["retry_after"]))])
+    elif outcome in ("mismatch", "unknown", "expired"):
+        r = error_response(d["http_status"], d["error_code"], MESSAGES[outcome])
+    else:
+        raise ValueError("unexpected outcome of idem_claim: %r" % outcome)
+    r.outcome = outcome
+    return r
+
+
+def check_key(key):
+    """The 400 of a key that is missing or cannot be sent; None when it can."""
+    if key is None:
+        return error_response(400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required")
+    if not isinstance(key, str) or "\0" in key:
+        return error_response(400, "IDEMPOTENCY_KEY_INVALID", "the Idempotency-Key must be printable ASCII")
+    return None
+
+
+def refuse(err):
+    """The 400 answer to a claim that raised for the client's input (a bad
+    key, a request jsonb refuses); any other error is raised again."""
+    state = sqlstate(err)
+    if state in BAD_KEY:
+        return error_response(400, "IDEMPOTENCY_KEY_INVALID", err.diag.message_primary or str(err))
+    if state in BAD_REQUEST:
+        return error_response(400, "INVALID_REQUEST", str(err).strip())
+    raise err
+
+
+def lease_lost(err):
+    """A completion that raised: LeaseLostError for a stale token, else the error."""
+    if sqlstate(err) == STALE_TOKEN:
+        raise LeaseLostError(str(err)) from err
+    raise err
+
+
+def attempt(key, d, **extra):
+    """The handler's ctx for a decision that proceeds."""
+    return dict(key=key, token=d["token"], attempt=d["attempt"], recovery_point=d["recovery_point"], **extra)
+
+
+class Result:
+    """What a handler returns: status, headers (a dict or [name, value]
+    pairs), body (bytes, str, or any other value, sent as JSON),
+    resource_id, failed (stored with idem_fail and replayed), retryable."""
+
+    def __init__(self, status=200, headers=None, body=None, resource_id=None, failed=False, retryable=False):
+        if not isinstance(status, int) or not 100 <= status <= 599:
+            raise ValueError("not an HTTP status: %r" % (status,))
+        pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        pairs = [(str(n), str(v)) for n, v in pairs]
+        if body is None:
+            body = b""
+        elif isinstance(body, str):
+            body = body.encode()
+        elif isinstance(body, (bytes, bytearray, memoryview)):
+            body = bytes(body)
+        else:
+            body = encode(body)
+            if not any(n.lower() == "content-type" for n, _ in pairs):
+                pairs.insert(0, JSON_TYPE)
+        self.status, self.headers, self.body = status, pairs, body
+        self.resource_id = None if resource_id is None else str(resource_id)
+        self.failed, self.retryable = bool(failed or retryable), bool(retryable)
+
+    @classmethod
+    def retryable_failure(cls, err):
+        """A RetryableError as the failure stored: a retry runs again."""
+        return cls(err.status, [JSON_TYPE, ("Retry-After", str(err.retry_after))],
+                   encode({"error_code": "RETRYABLE_FAILURE", "message": str(err)}), retryable=True)
+
+    @classmethod
+    def of(cls, value):
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            return cls(**value)
+        if isinstance(value, tuple):
+            return cls(*value)
+        raise TypeError("an idempotent handler returns a Result, a dict or (status, headers, body)")
+
+    def response(self):
+        return Response(self.status, self.headers, self.body, "proceed", False)
+
+
+class Calls:
+    """The SQL of the calls, with %s placeholders (both drivers' style)."""
+
+    def __init__(self, schema=None, **defaults):
+        self.prefix = "" if not schema else '"%s".' % schema.replace('"', '""')
+        self.defaults = defaults
+
+    def claim(self, operation, key, request, raw_request=False, **options):
+        """(sql, params) of idem_claim; request is any JSON value, or JSON
+        text with raw_request=True."""
+        opts = dict(self.defaults, **options)
+        operation = operation or opts.pop("operation", None)
+        opts.pop("operation", None)
+        if not operation:
+            raise TypeError("an idempotent call needs an operation")
+        if request is not None and not raw_request:
+            request = json.dumps(request, separators=(",", ":"))
+        sql = "SELECT %s FROM %sidem_claim(%%s, %%s, %%s::jsonb" % (", ".join(COLUMNS), self.prefix)
+        params = [operation, key, request]
+        for option, argument, cast in CLAIM_OPTIONS:
+            value = opts.get(option)
+            if value is None:
+                continue
+            if cast == "::interval" and isinstance(value, (int, float)):
+                value = "%s seconds" % value
+            sql += ", %s => %%s%s" % (argument, cast)
+            params.append(value)
+        return sql + ")", params
+
+    def finish(self, token, result):
+        if result.failed:
+            return ("SELECT %sidem_fail(%%s, %%s, headers => %%s::jsonb, raw_body => %%s, retryable => %%s)"
+                    % self.prefix, [token, result.status, json.dumps(result.headers), result.body, result.retryable])
+        return ("SELECT %sidem_complete(%%s, %%s, headers => %%s::jsonb, raw_body => %%s, resource_id => %%s)"
+                % self.prefix, [token, result.status, json.dumps(result.headers), result.body, result.resource_id])
+
+    def heartbeat(self, token, lease):
+        return "SELECT %sidem_heartbeat(%%s, %%s::interval)" % self.prefix, [token, "%s seconds" % lease]
+
+    def checkpoint(self, token, point):
+        return "SELECT %sidem_checkpoint(%%s, %%s)" % self.prefix, [token, point]
+
+    def derive_key(self, key, step):
+        return "SELECT %sidem_derive_key(%%s, %%s)" % self.prefix, [key, step]
+
+
+def sqlstate(err):
+    """The SQLSTATE of a psycopg 3 or psycopg2 error."""
+    return getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
+
+
+class _Driver:
+    """The two round trips that fold two statements into one, per driver."""
+
+    @staticmethod
+    def for_connection(conn):
+        return _Psycopg2() if type(conn).__module__.startswith("psycopg2") else _Psycopg3()
+
+
+class _Psycopg3(_Driver):
+    # Pipeline mode: BEGIN and the claim, the completion and COMMIT, each
+    # pair in one round trip.
+    def begin_claim(self, conn, sql, params):
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            cur = conn.execute(sql, params)
+        return cur.fetchone()
+
+    def finish_commit(self, conn, sql, params):
+        with conn.pipeline():
+            conn.execute(sql, params)
+            conn.execute("COMMIT")
+
+    def query(self, conn, sql, params):
+        return conn.execute(sql, params).fetchone()
+
+
+class _Psycopg2(_Driver):
+    # One query string of two statements: psycopg2 binds the values on the
+    # client, quoted by libpq, and returns the last statement's rows.
+    def begin_claim(self, conn, sql, params):
+        with conn.cursor() as cur:
+            cur.execute("BEGIN;" + sql, params)
+            return cur.fetchone()
+
+    def finish_commit(self, conn, sql, params):
+        with conn.cursor() as cur:
+            cur.execute(sql + ";COMMIT", params)
+
+    def query(self, conn, sql, params):
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()
+
+    def execute(self, conn, sql):
+        with conn.cursor() as cur:
+            cur.execute(sql)
+
+
+def _execute(driver, conn, sql):
+    if isinstance(driver, _Psycopg2):
+        driver.execute(conn, sql)
+    else:
+        conn.execute(sql)
+
+
+class Pool:
+    """Connections in autocommit mode from a psycopg_pool.ConnectionPool,
+    a psycopg2.pool pool (waiting for a free connection where psycopg2's
+    would raise), or a function that opens one."""
+
+    def __init__(self, source):
+        self.source = source
+        self.psycopg2 = type(source).__module__.startswith("psycopg2")
+        self.free = threading.BoundedSemaphore(source.maxconn) if self.psycopg2 else None
+
+    @contextmanager
+    def connection(self):
+        src = self.source
+        if not hasattr(src, "getconn"):
+            conn = src()
+            try:
+                conn.autocommit = True
+                yield conn
+            finally:
+                conn.close()
+            return
+        if self.free is not None:
+            self.free.acquire()
+        try:
+            conn = src.getconn()
+            try:
+                conn.autocommit = True
+                yield conn
+            finally:
+                if self.psycopg2:
+                    src.putconn(conn, close=bool(conn.closed))
+                else:
+                    src.putconn(conn)
+        finally:
+            if self.free is not None:
+                self.free.release()
+
+
+class Idempotency:
+    """The synchronous core.  pool: a psycopg_pool.ConnectionPool (its
+    connections in autocommit mode: kwargs={"autocommit": True}), a
+    psycopg2.pool pool, or a function that opens a connection.  defaults:
+    operation, tenant, caller, ttl, lease, wait (seconds or interval text),
+    on_lease_expiry, on_expired; schema, the extension's schema when it is
+    not on the search_path."""
+
+    def __init__(self, pool, schema=None, **defaults):
+        self.pool = pool if isinstance(pool, Pool) else Pool(pool)
+        self.calls = Calls(schema, **defaults)
+
+    def run(self, handler, key, request=None, operation=None, raw_request=False, **options):
+        """One transaction.  handler(conn, ctx) runs only for a new key (or a
+        new attempt) inside the claim's transaction, on its connection; ctx
+        holds key, token, attempt and recovery_point.  It returns a Result (or
+        a dict of its arguments); with failed=True it is stored with
+        idem_fail and replayed.  When it raises, everything rolls back and the
+        error goes on: a retry proceeds."""
+        bad = check_key(key)
+        if bad is not None:
+            return bad
+        sql, params = self.calls.claim(operation, key, request, raw_request, **options)
+        with self.pool.connection() as conn:
+            driver = _Driver.for_connection(conn)
+            done = False
+            try:
+                try:
+                    d = dict(zip(COLUMNS, driver.begin_claim(conn, sql, params)))
+                except Exception as err:
+                    return refuse(err)
+                if d["outcome"] != "proceed":
+                    # a claim that found an ended lease may have made the
+                    # record unknown: commit all the same
+                    _execute(driver, conn, "COMMIT")
+                    done = True
+                    return answer(d)
+                result = Result.of(handler(conn, attempt(key, d)))
+                fsql, fparams = self.calls.finish(d["token"], result)
+                driver.finish_commit(conn, fsql, fparams)
+                done = True
+                return result.response()
+            finally:
+                if not done and not getattr(conn, "closed", False):
+                    try:
+                        _execute(driver, conn, "ROLLBACK")
+                    except Exception:
+                        conn.close()
+
+    def run_external(self, handler, key, request=None, operation=None, raw_request=False, lease=30, **options):
+        """Three transactions, for a side effect outside the database: the
+        claim commits with a lease (seconds), extended every third of it while
+        handler(ctx) runs, then the response is committed.  ctx: key, token,
+        attempt, recovery_point, lost (a threading.Event set when the lease
+        was lost), checkpoint(point), derive_key(step).  RetryableError stores
+        a retryable failure; any other error leaves the record processing,
+        and once its lease ends, retries answer unknown (409) or, with
+        on_lease_expiry="retry", proceed from the last checkpoint."""
+        bad = check_key(key)
+        if bad is not None:
+            return bad
+        sql, params = self.calls.claim(operation, key, request, raw_request, lease=lease, **options)
+        with self.pool.connection() as conn:
+            driver = _Driver.for_connection(conn)
+            try:
+                d = dict(zip(COLUMNS, driver.query(conn, sql, params)))
+            except Exception as err:
+                return refuse(err)
+        if d["outcome"] != "proceed":
+            return answer(d)
+        token = d["token"]
+        stop, lost = threading.Event(), threading.Event()
+
+        def call(sql_params):
+            with self.pool.connection() as c:
+                return _Driver.for_connection(c).query(c, *sql_params)
+
+        def beat():
+            while not stop.wait(lease / 3):
+                try:
+                    call(self.calls.heartbeat(token, lease))
+                except Exception as err:
+                    if sqlstate(err) == STALE_TOKEN:
+                        lost.set()
+                        return
+
+        beater = threading.Thread(target=beat, daemon=True)
+        beater.start()
+        ctx = attempt(key, d, lost=lost, checkpoint=lambda point: call(self.calls.checkpoint(token, point)) and None,
+                      derive_key=lambda step: call(self.calls.derive_key(key, step))[0])
+        try:
+            result = Result.of(handler(ctx))
+        except RetryableError as err:
+            result = Result.retryable_failure(err)
+        finally:
+            stop.set()
+            beater.join()
+        try:
+            call(self.calls.finish(token, result))
+        except Exception as err:
+            lease_lost(err)
+        return result.response()

@@ -1,0 +1,259 @@
+"""The synchronous core over psycopg 3 and psycopg2, and the asynchronous
+one over psycopg 3, against a running PostgreSQL."""
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+from conftest import payments_for
+from idempotency_pg import HttpError, Idempotency, Result, RetryableError, answer
+from idempotency_pg.aio import AsyncIdempotency
+
+
+def insert(cursor_owner, key, amount):
+    """A payment written on the claim's connection (either driver)."""
+    if hasattr(cursor_owner, "execute"):
+        cur = cursor_owner.execute(
+            "INSERT INTO payments (idempotency_key, amount, currency) VALUES (%s, %s, 'EUR') RETURNING id",
+            (key, amount))
+        return cur.fetchone()[0]
+    with cursor_owner.cursor() as cur:
+        cur.execute("INSERT INTO payments (idempotency_key, amount, currency) VALUES (%s, %s, 'EUR') RETURNING id",
+                    (key, amount))
+        return cur.fetchone()[0]
+
+
+def pay(amount):
+    def handler(conn, ctx):
+        pid = insert(conn, ctx["key"], amount)
+        return {"status": 201, "headers": [("Location", "/payments/" + pid), ("X-Tag", "a"), ("X-Tag", "b")],
+                "body": {"id": pid, "amount": amount}, "resource_id": pid}
+    return handler
+
+
+def never(*_):
+    raise AssertionError("the handler must not run")
+
+
+def test_new_key_and_replay(pool, db, op):
+    idem = Idempotency(pool)
+    key = str(uuid.uuid4())
+    first = idem.run(pay(10), key, {"amount": 10, "currency": "EUR"}, operation=op)
+    assert (first.status, first.outcome, first.replayed) == (201, "proceed", False)
+    assert [n for n, _ in first.headers] == ["Content-Type", "Location", "X-Tag", "X-Tag"]
+    again = idem.run(never, key, {"currency": "EUR", "amount": 10}, operation=op)
+    assert (again.status, again.outcome, again.replayed) == (201, "replay", True)
+    assert again.headers == first.headers + [("Idempotent-Replayed", "true")]
+    assert again.body == first.body
+    assert payments_for(db, key) == 1
+
+
+def test_handler_error_rolls_back_and_retry_proceeds(pool, db, op):
+    idem = Idempotency(pool)
+    key = str(uuid.uuid4())
+
+    def crash(conn, ctx):
+        pay(11)(conn, ctx)
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        idem.run(crash, key, {"amount": 11}, operation=op)
+    assert payments_for(db, key) == 0
+    with pytest.raises(HttpError):
+        idem.run(lambda c, x: (_ for _ in ()).throw(HttpError(503, "BUSY", "later")), key, {"amount": 11},
+                 operation=op)
+    r = idem.run(pay(11), key, {"amount": 11}, operation=op)
+    assert (r.status, r.outcome) == (201, "proceed")
+    assert payments_for(db, key) == 1
+
+
+def test_failed_is_stored_and_replayed(pool, op):
+    idem = Idempotency(pool)
+    key = str(uuid.uuid4())
+    r = idem.run(lambda c, x: Result(400, body={"error_code": "VALIDATION_FAILED"}, failed=True), key, {"a": 0},
+                 operation=op)
+    again = idem.run(never, key, {"a": 0}, operation=op)
+    assert (r.status, again.status, again.replayed, again.body) == (400, 400, True, r.body)
+
+
+def test_mismatch_and_bad_keys(pool, op):
+    idem = Idempotency(pool)
+    key = str(uuid.uuid4())
+    idem.run(pay(12), key, {"amount": 12}, operation=op)
+    r = idem.run(never, key, {"amount": 13}, operation=op)
+    assert (r.status, json.loads(r.body)["error_code"]) == (422, "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST")
+    r = idem.run(never, None, {}, operation=op)
+    assert (r.status, json.loads(r.body)["error_code"]) == (400, "IDEMPOTENCY_KEY_MISSING")
+    for bad in ["", "k" * 300, "caf\u00e9", "a\0b"]:
+        r = idem.run(never, bad, {}, operation=op)
+        assert (r.status, json.loads(r.body)["error_code"]) == (400, "IDEMPOTENCY_KEY_INVALID"), bad
+    r = idem.run(never, str(uuid.uuid4()), '{"s": "\\u0000"}', raw_request=True, operation=op)
+    assert (r.status, json.loads(r.body)["error_code"]) == (400, "INVALID_REQUEST")
+
+
+def test_quotes_and_backslashes_are_sent_as_written(pool, op):
+    idem = Idempotency(pool)
+    key = "x'); SELECT 1; --\\'\\"
+    call = dict(operation=op + "'", tenant="t\\'")
+    first = idem.run(lambda c, x: Result(200, [("X-Q", "a'b\\c")], "'\\"), key, {"n": "it's \\'"}, **call)
+    again = idem.run(never, key, {"n": "it's \\'"}, **call)
+    assert (first.status, again.outcome, again.headers[0], again.body) == (200, "replay", ("X-Q", "a'b\\c"), b"'\\")
+    assert idem.run(never, key, {"n": "x"}, **call).outcome == "mismatch"
+
+
+def test_in_progress(pool, op):
+    idem = Idempotency(pool)
+    key = str(uuid.uuid4())
+    inside, release = threading.Event(), threading.Event()
+    results = {}
+
+    def slow(conn, ctx):
+        inside.set()
+        assert release.wait(30)
+        return pay(14)(conn, ctx)
+
+    t = threading.Thread(target=lambda: results.setdefault("first", idem.run(slow, key, {"a": 14}, operation=op)))
+    t.start()
+    assert inside.wait(30)
+    r = idem.run(never, key, {"a": 14}, operation=op)
+    release.set()
+    t.join(30)
+    assert (r.status, json.loads(r.body)["error_code"]) == (409, "IDEMPOTENCY_REQUEST_IN_PROGRESS")
+    assert int(r.header("Retry-After")) >= 1
+    assert results["first"].status == 201
+
+
+def test_answer_maps_every_outcome():
+    def code(r):
+        return json.loads(r.body)["error_code"]
+    r = answer({"outcome": "expired", "http_status": 409, "error_code": "IDEMPOTENCY_KEY_EXPIRED"})
+    assert (r.status, code(r), r.header("Retry-After")) == (409, "IDEMPOTENCY_KEY_EXPIRED", None)
+    r = answer({"outcome": "rate_limited", "http_status": 429, "error_code": "IDEMPOTENCY_RATE_LIMITED",
+                "retry_after": 3})
+    assert (r.status, code(r), r.header("Retry-After")) == (429, "IDEMPOTENCY_RATE_LIMITED", "3")
+    r = answer({"outcome": "unknown", "http_status": 409, "error_code": "IDEMPOTENCY_OUTCOME_UNKNOWN"})
+    assert (r.status, code(r)) == (409, "IDEMPOTENCY_OUTCOME_UNKNOWN")
+    r = answer({"outcome": "replay", "http_status": 200, "headers": {"X-A": "1"}, "body": {"a": 1},
+                "raw_body": None})
+    assert (r.status, r.body, r.headers) == (200, b'{"a":1}', [("X-A", "1"), ("Idempotent-Replayed", "true")])
+    with pytest.raises(ValueError):
+        answer({"outcome": "proceed"})
+
+
+def settled(idem, key, request, op, timeout=20, **options):
+    deadline = time.monotonic() + timeout
+    while True:
+        r = idem.run_external(never, key, request, operation=op, **options)
+        if r.outcome != "in_progress" or time.monotonic() > deadline:
+            return r
+        time.sleep(0.02)
+
+
+def test_external_lease_unknown_retryable_and_resume(pool, op):
+    idem = Idempotency(pool)
+    key = str(uuid.uuid4())
+    inside, release = threading.Event(), threading.Event()
+    results = {}
+
+    def call_provider(ctx):
+        results["derived"] = ctx["derive_key"]("charge")
+        inside.set()
+        assert release.wait(30)
+        return {"status": 201, "body": {"charged": True}}
+
+    t = threading.Thread(target=lambda: results.setdefault(
+        "first", idem.run_external(call_provider, key, {"a": 1}, operation=op, lease=5)))
+    t.start()
+    assert inside.wait(30)
+    busy = idem.run_external(never, key, {"a": 1}, operation=op)
+    release.set()
+    t.join(30)
+    assert (busy.status, busy.outcome) == (409, "in_progress")
+    assert results["first"].status == 201 and len(results["derived"]) == 36
+    assert idem.run_external(never, key, {"a": 1}, operation=op).replayed
+
+    # an error: unknown once the lease ends
+    key = str(uuid.uuid4())
+    with pytest.raises(RuntimeError):
+        idem.run_external(lambda ctx: (_ for _ in ()).throw(RuntimeError("timeout")), key, {}, operation=op,
+                          lease=0.05)
+    r = settled(idem, key, {}, op)
+    assert (r.status, json.loads(r.body)["error_code"]) == (409, "IDEMPOTENCY_OUTCOME_UNKNOWN")
+
+    # retryable: the retry runs as attempt 2
+    key = str(uuid.uuid4())
+    r = idem.run_external(lambda ctx: (_ for _ in ()).throw(RetryableError("down")), key, {}, operation=op)
+    assert (r.status, r.header("Retry-After")) == (503, "1")
+    r = idem.run_external(lambda ctx: {"status": 200, "body": {"attempt": ctx["attempt"]}}, key, {}, operation=op)
+    assert json.loads(r.body) == {"attempt": 2}
+
+    # on_lease_expiry retry: the next attempt resumes from the checkpoint
+    key = str(uuid.uuid4())
+
+    def crash_after_charge(ctx):
+        ctx["checkpoint"]("charged")
+        raise RuntimeError("crash")
+
+    with pytest.raises(RuntimeError):
+        idem.run_external(crash_after_charge, key, {}, operation=op, lease=0.05, on_lease_expiry="retry")
+    deadline = time.monotonic() + 20
+    while True:
+        r = idem.run_external(lambda ctx: {"status": 200, "body": {"resumed": ctx["recovery_point"]}}, key, {},
+                              operation=op, on_lease_expiry="retry")
+        if r.outcome != "in_progress" or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert json.loads(r.body) == {"resumed": "charged"}
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_async_core(db, op, pipeline):
+    from psycopg_pool import AsyncConnectionPool
+
+    async def main():
+        pool = AsyncConnectionPool("", kwargs={"autocommit": True}, min_size=1, max_size=4)
+        await pool.open()
+        idem = AsyncIdempotency(pool, pipeline=pipeline)
+        try:
+            key = str(uuid.uuid4())
+
+            async def apay(conn, ctx):
+                cur = await conn.execute("INSERT INTO payments (idempotency_key, amount, currency)"
+                                         " VALUES (%s, 20, 'EUR') RETURNING id", (ctx["key"],))
+                (pid,) = await cur.fetchone()
+                return {"status": 201, "body": {"id": pid}}
+
+            async def anever(*_):
+                raise AssertionError("must not run")
+
+            async def crash(conn, ctx):
+                await apay(conn, ctx)
+                raise RuntimeError("boom")
+
+            with pytest.raises(RuntimeError):
+                await idem.run(crash, key, {"amount": 20}, operation=op)
+            first = await idem.run(apay, key, {"amount": 20}, operation=op)
+            again = await idem.run(anever, key, {"amount": 20}, operation=op)
+            other = await idem.run(anever, key, {"amount": 21}, operation=op)
+            bad = await idem.run(anever, "", {}, operation=op)
+            ext_key = str(uuid.uuid4())
+
+            async def provider(ctx):
+                return {"status": 202, "body": {"derived": await ctx["derive_key"]("x")}}
+
+            ext = await idem.run_external(provider, ext_key, {}, operation=op)
+            ext_again = await idem.run_external(anever, ext_key, {}, operation=op)
+            return key, first, again, other, bad, ext, ext_again
+        finally:
+            await idem.drain()  # the COMMITs sent behind the answers
+            await pool.close()
+
+    key, first, again, other, bad, ext, ext_again = asyncio.run(main())
+    assert (first.status, again.replayed, again.body) == (201, True, first.body)
+    assert (other.status, bad.status) == (422, 400)
+    assert (ext.status, ext_again.replayed) == (202, True)
+    assert payments_for(db, key) == 1
