@@ -45,9 +45,12 @@ echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror
     >"$work/sources.list"
 # (lists and caches in the temporary folder too: nothing of the system's
 # apt state is written, and a user with sudo runs it as well as root)
+# A mirror that serves a dated snapshot of unstable serves a Release file
+# past its Valid-Until: the signature and the checksums are still checked.
 apt_private=(-o "Dir::Etc::sourcelist=$work/sources.list" -o "Dir::Etc::sourceparts=-"
     -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
-    -o "Dir::Cache::archives=$work/archives" -o "APT::Sandbox::User=$(id -un)")
+    -o "Dir::Cache::archives=$work/archives" -o "APT::Sandbox::User=$(id -un)"
+    -o "Acquire::Check-Valid-Until=false")
 
 log "fetching the source of postgresql-$major from Debian unstable"
 apt-get "${apt_private[@]}" -qq update >&2
