@@ -180,10 +180,14 @@ make_workdir() {
     as_root chmod 1777 "$IDEM_TMP"
 }
 
-# A TCP port nobody listens on.
+# A TCP port nobody listens on, below the kernel's range of ephemeral
+# ports (32768 and up by default): a port there may be the local end of a
+# connection, which a connect() does not see and a listener cannot bind.
 free_port() {
-    local port
-    for port in $(shuf -i 20000-40000 -n 50); do
+    local port low
+    low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    [ "$low" -gt 21000 ] 2>/dev/null || low=32768
+    for port in $(shuf -i 20000-$((low - 1)) -n 50); do
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port"
             return 0
