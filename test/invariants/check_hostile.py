@@ -32,25 +32,11 @@ class Hostile(ci.Client):
         self.pid = self.cur.fetchone()[0]
         self.gid = None
 
-    def run(self):
-        actions = [(20, self.in_block), (10, self.external), (10, self.claim_many),
-                   (8, self.inbox), (4, self.replay), (3, self.resolve),
-                   (6, self.maintenance), (15, self.in_savepoint),
-                   (10, self.prepared), (10, self.waiting)]
-        total = sum(w for w, _ in actions)
-        while time.monotonic() < self.deadline:
-            pick = self.rng.uniform(0, total)
-            for weight, action in actions:
-                pick -= weight
-                if pick <= 0:
-                    break
-            try:
-                action()
-            except psycopg2.Error as err:
-                self.failed(action.__name__, err)
-            except Exception as err:
-                self.log.other_errors.append("%s: %r" % (action.__name__, err))
-        self.conn.close()
+    def actions(self):
+        return [(20, self.in_block), (10, self.external), (10, self.claim_many),
+                (8, self.inbox), (4, self.replay), (3, self.resolve),
+                (6, self.maintenance), (15, self.in_savepoint),
+                (10, self.prepared), (10, self.waiting)]
 
     def failed(self, where, err):
         if self.gid is not None:

@@ -117,10 +117,14 @@ class Client(threading.Thread):
         self.deadline = deadline
         self.rng = random.Random(seed)
 
+    def actions(self):
+        """The requests, with their weights."""
+        return [(30, self.in_block), (20, self.external), (15, self.claim_many),
+                (12, self.inbox), (8, self.replay), (5, self.resolve),
+                (10, self.maintenance)]
+
     def run(self):
-        actions = [(30, self.in_block), (20, self.external), (15, self.claim_many),
-                   (12, self.inbox), (8, self.replay), (5, self.resolve),
-                   (10, self.maintenance)]
+        actions = self.actions()
         total = sum(w for w, _ in actions)
         while time.monotonic() < self.deadline:
             pick = self.rng.uniform(0, total)
