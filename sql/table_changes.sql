@@ -114,6 +114,38 @@ SELECT max(tc_n) - min(tc_n) AS numbered_in_turn
   FROM idem_records WHERE key LIKE 'tc-default-%';
 ROLLBACK;
 
+-- The id of a new record is the identity column's next value, as an
+-- INSERT takes it: it follows the sequence restarted, renamed, and the
+-- identity dropped and added again (a new sequence), both for a claim
+-- whose record waits for its completion (each DDL statement writes it
+-- first) and, once a row trigger is added, for one written at once.
+-- Rolled back, the claims take their ids from the old sequence again.
+SELECT outcome FROM idem_claim('tc.op', 'tc-id-0', '{}');
+SELECT id AS id0 FROM idem_records WHERE key = 'tc-id-0' \gset
+BEGIN;
+ALTER TABLE idem_records ALTER COLUMN id RESTART WITH 1000;
+SELECT outcome FROM idem_claim('tc.op', 'tc-id-1', '{}');
+ALTER SEQUENCE idem_records_id_seq RENAME TO tc_id_renamed;
+SELECT outcome FROM idem_claim('tc.op', 'tc-id-2', '{}');
+ALTER EXTENSION idempotency DROP SEQUENCE tc_id_renamed;
+ALTER TABLE idem_records ALTER COLUMN id DROP IDENTITY;
+ALTER TABLE idem_records ALTER COLUMN id
+  ADD GENERATED ALWAYS AS IDENTITY (START WITH 5000);
+SELECT outcome FROM idem_claim('tc.op', 'tc-id-3', '{}');
+CREATE FUNCTION tc_id_pass() RETURNS trigger LANGUAGE plpgsql
+  AS $$ BEGIN RETURN NEW; END $$;
+CREATE TRIGGER tc_id_pass BEFORE INSERT ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION tc_id_pass();
+SELECT outcome FROM idem_claim('tc.op', 'tc-id-4', '{}');
+ALTER TABLE idem_records ALTER COLUMN id RESTART WITH 7000;
+SELECT outcome FROM idem_claim('tc.op', 'tc-id-5', '{}');
+SELECT key, id FROM idem_records WHERE key LIKE 'tc-id-%' AND key <> 'tc-id-0'
+ ORDER BY key;
+ROLLBACK;
+SELECT outcome FROM idem_claim('tc.op', 'tc-id-6', '{}');
+SELECT id - :id0 AS after_rollback FROM idem_records WHERE key = 'tc-id-6';
+DELETE FROM idem_records WHERE key LIKE 'tc-id-%';
+
 -- Statement triggers fire once around each write, as around an INSERT or
 -- UPDATE of one row.
 CREATE TABLE tc_stmt_log (n serial, what text);

@@ -21,7 +21,6 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
-#include "catalog/dependency.h"
 #include "catalog/indexing.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
@@ -210,9 +209,6 @@ look_up(IdemCatalog *fresh)
 	 */
 	LockRelationOid(fresh->table_oid, AccessShareLock);
 
-	fresh->id_sequence = getIdentitySequence_compat(fresh->table_oid,
-													 get_attnum(fresh->table_oid, "id"),
-													 true);
 	fresh->guard_function = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
 											CStringGetDatum("idem_records_guard"),
 											PointerGetDatum(buildoidvector(NULL, 0)),
@@ -508,11 +504,11 @@ records_as_created(const IdemCatalog *fresh)
 	List	   *index_oids;
 	ListCell   *lc;
 	bool		as_created;
+	bool		has_id = false;
 	int			i;
 
 	/* a partition's constraint is checked on the row, at the commit */
-	as_created = OidIsValid(fresh->id_sequence) &&
-		!rel->rd_rel->relispartition &&
+	as_created = !rel->rd_rel->relispartition &&
 		triggers != NULL && triggers->numtriggers == 1 &&
 		triggers->triggers[0].tgfoid == fresh->guard_function;
 	for (i = 0; as_created && i < tupdesc->natts; i++)
@@ -531,7 +527,9 @@ records_as_created(const IdemCatalog *fresh)
 			(!att->atthasdef || strcmp(name, "role") == 0) &&
 			att->attgenerated == '\0' &&
 			(att->attidentity != '\0') == (strcmp(name, "id") == 0);
+		has_id |= strcmp(name, "id") == 0;
 	}
+	as_created = as_created && has_id;
 	if (as_created && tupdesc->constr != NULL && tupdesc->constr->num_check > 0)
 	{
 		/*

@@ -22,9 +22,6 @@
 #ifndef IDEM_PG_COMPAT_H
 #define IDEM_PG_COMPAT_H
 
-#include "catalog/dependency.h"
-#include "utils/relcache.h"
-
 #if PG_VERSION_NUM >= 160000
 #include "parser/parse_relation.h"
 #endif
@@ -78,31 +75,6 @@
 #define LockHeldByMe_compat(locktag, lockmode) \
 	LockHeldByMe((locktag), (lockmode))
 #endif
-
-/*
- * 17: getIdentitySequence takes the relation (to find a partition's root),
- * not its OID.  The relcache entry is enough: no lock is taken, as before.
- */
-static inline Oid
-getIdentitySequence_compat(Oid relid, AttrNumber attnum, bool missing_ok)
-{
-#if PG_VERSION_NUM >= 170000
-	Relation	rel = RelationIdGetRelation(relid);
-	Oid			sequence;
-
-	if (rel == NULL)
-	{
-		if (missing_ok)
-			return InvalidOid;
-		elog(ERROR, "could not open relation with OID %u", relid);
-	}
-	sequence = getIdentitySequence(rel, attnum, missing_ok);
-	RelationClose(rel);
-	return sequence;
-#else
-	return getIdentitySequence(relid, attnum, missing_ok);
-#endif
-}
 
 /* 18: index_beginscan takes instrumentation, none here. */
 #if PG_VERSION_NUM >= 180000

@@ -24,7 +24,9 @@
  * idem_writer_start fires the BEFORE STATEMENT triggers and idem_writer_end
  * the AFTER STATEMENT ones; a new row gets the defaults of the columns the
  * caller leaves NULL (compiled once, like the constraints), as an INSERT
- * that does not name them would; an UPDATE counts the columns the caller
+ * that does not name them would, and its id is the identity column's
+ * default, compiled and taken the same way (no privilege on the sequence
+ * is needed, as for that INSERT); an UPDATE counts the columns the caller
  * says it sets as the ones updated, for UPDATE OF triggers.  Triggers with
  * transition tables are refused (a write cannot fill them), and so is any
  * write they would see.  A constraint error raised by a write loses its
@@ -50,9 +52,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/dependency.h"
 #include "catalog/pg_trigger.h"
-#include "commands/sequence.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
@@ -78,7 +78,6 @@ typedef struct WriterCache
 {
 	MemoryContext context;		/* holds all of it; NULL when there is none */
 	Oid			relid;
-	Oid			id_sequence;	/* of the identity column */
 	int			ncheck;
 	ExprState **checks;			/* in the order of rd_att->constr->check */
 	int			npredicates;
@@ -101,6 +100,24 @@ static bool cache_in_use = false;
 static bool callback_registered = false;
 
 /*
+ * The default of the identity column (a NextValueExpr), compiled once per
+ * backend like the other defaults, with the expression context it is
+ * evaluated in.  It is kept apart from WriterCache because a claim kept
+ * pending allocates its id without opening a write.  Replaced only by a
+ * complete build, as the cache is.
+ */
+typedef struct IdentityCache
+{
+	MemoryContext context;		/* holds all of it; NULL when there is none */
+	Oid			relid;
+	ExprState  *next_value;
+	ExprContext *econtext;
+} IdentityCache;
+
+static IdentityCache identity;
+static bool identity_valid = false;
+
+/*
  * Invalidations seen, counted so that a build can tell whether one arrived
  * while it ran (catalog lookups take locks and so process them): such a
  * build is used for the write that made it, but not kept as valid.
@@ -110,6 +127,8 @@ static Oid	building_relid = InvalidOid;
 
 static void use_compiled_expressions(IdemRecordWriter *w);
 static void build_cache(IdemRecordWriter *w, WriterCache *fresh);
+static void build_identity(Relation rel);
+static void register_callbacks(void);
 static void retire_cache(void);
 static void invalidate_cache(Datum arg, Oid relid);
 static void invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue);
@@ -222,12 +241,21 @@ idem_writer_end(IdemRecordWriter *w)
 }
 
 /*
- * The next value of the table's identity column.
+ * The next value of the identity column of rel (idem_records, opened by
+ * the caller): its default, as an INSERT that leaves the column out
+ * evaluates it.  Like that INSERT, it needs no privilege on the sequence.
  */
 int64
-idem_writer_next_id(IdemRecordWriter *w)
+idem_writer_next_id(Relation rel)
 {
-	return nextval_internal(w->compiled->id_sequence, false);
+	bool		isnull;
+	Datum		value;
+
+	if (!identity_valid || identity.relid != RelationGetRelid(rel))
+		build_identity(rel);
+	value = ExecEvalExpr(identity.next_value, identity.econtext, &isnull);
+	Assert(!isnull);
+	return DatumGetInt64(value);
 }
 
 /*
@@ -479,25 +507,9 @@ build_cache(IdemRecordWriter *w, WriterCache *fresh)
 {
 	TupleDesc	desc = RelationGetDescr(w->rel);
 	MemoryContext oldcontext;
-	AttrNumber	identity = InvalidAttrNumber;
 	int			i;
 
-	if (!callback_registered)
-	{
-		/* the table, and the functions and types its expressions use */
-		CacheRegisterRelcacheCallback(invalidate_cache, (Datum) 0);
-		CacheRegisterSyscacheCallback(PROCOID, invalidate_cache_syscache, (Datum) 0);
-		CacheRegisterSyscacheCallback(TYPEOID, invalidate_cache_syscache, (Datum) 0);
-		callback_registered = true;
-	}
-
-	for (i = 0; i < desc->natts; i++)
-		if (TupleDescAttr(desc, i)->attidentity != '\0' &&
-			!TupleDescAttr(desc, i)->attisdropped)
-			identity = i + 1;
-	if (identity == InvalidAttrNumber)
-		elog(ERROR, "idem_records has no identity column");
-
+	register_callbacks();
 	memset(fresh, 0, sizeof(*fresh));
 	fresh->relid = RelationGetRelid(w->rel);
 	building_relid = fresh->relid;
@@ -505,8 +517,6 @@ build_cache(IdemRecordWriter *w, WriterCache *fresh)
 										   "idempotency compiled constraints",
 										   ALLOCSET_SMALL_SIZES);
 	oldcontext = MemoryContextSwitchTo(fresh->context);
-
-	fresh->id_sequence = getIdentitySequence_compat(fresh->relid, identity, false);
 
 	/*
 	 * The constraints are handed over all or none: one that keeps state in
@@ -551,7 +561,8 @@ build_cache(IdemRecordWriter *w, WriterCache *fresh)
 	/*
 	 * Defaults, as the rewriter would put them into an INSERT that does not
 	 * name the column (a type's default included).  The identity column is
-	 * always written, generated columns are computed by the executor.
+	 * always written (its default is build_identity's), generated columns
+	 * are computed by the executor.
 	 */
 	fresh->default_attnum = palloc0(desc->natts * sizeof(AttrNumber));
 	fresh->default_expr = palloc0(desc->natts * sizeof(Expr *));
@@ -592,6 +603,62 @@ build_cache(IdemRecordWriter *w, WriterCache *fresh)
 
 	MemoryContextSwitchTo(oldcontext);
 	MemoryContextSetParent(fresh->context, CacheMemoryContext);
+}
+
+/*
+ * Compile the default of rel's identity column, the NextValueExpr the
+ * rewriter puts into an INSERT, into a memory context of its own that
+ * replaces the one in use once the build is complete (as build_cache
+ * does).  A build that saw an invalidation is used, not kept.
+ */
+static void
+build_identity(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	IdentityCache fresh;
+	MemoryContext oldcontext;
+	uint64		invalidations = invalidation_count;
+	Node	   *def = NULL;
+	int			i;
+
+	register_callbacks();
+	memset(&fresh, 0, sizeof(fresh));
+	fresh.relid = RelationGetRelid(rel);
+	building_relid = fresh.relid;
+	fresh.context = AllocSetContextCreate(CurrentMemoryContext,
+										  "idempotency identity",
+										  ALLOCSET_SMALL_SIZES);
+	oldcontext = MemoryContextSwitchTo(fresh.context);
+	for (i = 0; i < desc->natts && def == NULL; i++)
+		if (TupleDescAttr(desc, i)->attidentity != '\0' &&
+			!TupleDescAttr(desc, i)->attisdropped)
+			def = build_column_default(rel, i + 1);
+	if (def == NULL)
+		elog(ERROR, "idem_records has no identity column");
+	fresh.next_value = ExecInitExpr((Expr *) def, NULL);
+	fresh.econtext = CreateStandaloneExprContext();
+	MemoryContextSwitchTo(oldcontext);
+	MemoryContextSetParent(fresh.context, CacheMemoryContext);
+
+	/* no evaluation of the old one is under way: it calls nothing of ours */
+	if (identity.context != NULL)
+		MemoryContextDelete(identity.context);
+	identity = fresh;
+	identity_valid = invalidation_count == invalidations;
+}
+
+/*
+ * Watch the table, and the functions and types its expressions use.
+ */
+static void
+register_callbacks(void)
+{
+	if (callback_registered)
+		return;
+	CacheRegisterRelcacheCallback(invalidate_cache, (Datum) 0);
+	CacheRegisterSyscacheCallback(PROCOID, invalidate_cache_syscache, (Datum) 0);
+	CacheRegisterSyscacheCallback(TYPEOID, invalidate_cache_syscache, (Datum) 0);
+	callback_registered = true;
 }
 
 /*
@@ -671,9 +738,11 @@ retire_cache(void)
 static void
 invalidate_cache(Datum arg pg_attribute_unused(), Oid relid)
 {
-	if (!OidIsValid(relid) || relid == cache.relid || relid == building_relid)
+	if (!OidIsValid(relid) || relid == cache.relid ||
+		relid == identity.relid || relid == building_relid)
 	{
 		cache_valid = false;
+		identity_valid = false;
 		invalidation_count++;
 	}
 }
@@ -687,6 +756,7 @@ invalidate_cache_syscache(Datum arg pg_attribute_unused(),
 						  uint32 hashvalue pg_attribute_unused())
 {
 	cache_valid = false;
+	identity_valid = false;
 	invalidation_count++;
 }
 

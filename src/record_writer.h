@@ -24,7 +24,7 @@ struct WriterCache;
 typedef struct IdemRecordWriter
 {
 	Relation	rel;
-	const struct WriterCache *compiled; /* constraints, defaults, sequence */
+	const struct WriterCache *compiled; /* constraints, predicates, defaults */
 	CmdType		operation;		/* set by idem_writer_start */
 	EState	   *estate;
 	RangeTblEntry *rte;			/* the range table's one entry */
@@ -39,7 +39,7 @@ extern void idem_writer_start(IdemRecordWriter *w, CmdType operation,
 							  const AttrNumber *set_columns, int ncolumns);
 extern void idem_writer_end(IdemRecordWriter *w);
 extern Relation idem_writer_index(IdemRecordWriter *w, Oid index_oid);
-extern int64 idem_writer_next_id(IdemRecordWriter *w);
+extern int64 idem_writer_next_id(Relation rel);
 extern Datum *idem_writer_new_row(IdemRecordWriter *w, bool **nulls,
 								  bool from_old);
 extern void idem_writer_insert(IdemRecordWriter *w);

@@ -75,7 +75,6 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "commands/sequence.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
@@ -404,7 +403,7 @@ idem_record_insert(const IdemScope *scope, const IdemAttemptStart *start,
 		idem_writer_end(&w);
 		return false;
 	}
-	*id = idem_writer_next_id(&w);
+	*id = idem_writer_next_id(w.rel);
 	insert_row(&w, scope, start, *id, NULL, 0);
 	idem_writer_end(&w);
 	outcome_written();
@@ -431,13 +430,14 @@ idem_record_claim_unwritten(const IdemScope *scope, int64 *id,
 	index = index_open(cat->scope_index_oid, RowExclusiveLock);
 	slot = table_slot_create(heap, NULL);
 	held = key_held(heap, index, scope, slot, writer);
+	if (!held)
+		*id = idem_writer_next_id(heap);
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(index, NoLock);
 	table_close(heap, NoLock);
 	if (held)
 		return false;
 	*writer = InvalidTransactionId;
-	*id = nextval_internal(cat->id_sequence, false);
 	/* the claim proceeds: its record will commit with the transaction */
 	outcome_written();
 	return true;
