@@ -60,11 +60,13 @@
 #include "access/xact.h"
 #include "commands/trigger.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/relcache.h"
 #include "utils/resowner.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
@@ -373,14 +375,22 @@ idem_refuse_write_during_ddl(void)
 		refuse_write_during_ddl(archive);
 }
 
-/* Whether this transaction holds relid in ACCESS EXCLUSIVE mode. */
+/*
+ * Whether this transaction holds relid in ACCESS EXCLUSIVE mode.  Only the
+ * relcache entry's lock tag is read: no lock is taken.  A relation dropped
+ * meanwhile is not held.
+ */
 static bool
 held_exclusively(Oid relid)
 {
-	LOCKTAG		tag;
+	Relation	rel = RelationIdGetRelation(relid);
+	bool		held;
 
-	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
-	return LockHeldByMe_compat(&tag, AccessExclusiveLock);
+	if (rel == NULL)
+		return false;
+	held = CheckRelationLockedByMe(rel, AccessExclusiveLock, false);
+	RelationClose(rel);
+	return held;
 }
 
 /* The error for a write while a DDL statement may be rewriting relid. */

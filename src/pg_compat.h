@@ -64,18 +64,6 @@
 #define proc_lxid_compat(proc) ((proc)->lxid)
 #endif
 
-/*
- * 17: LockHeldByMe takes orstronger; false asks for the mode itself, as
- * before.
- */
-#if PG_VERSION_NUM >= 170000
-#define LockHeldByMe_compat(locktag, lockmode) \
-	LockHeldByMe((locktag), (lockmode), false)
-#else
-#define LockHeldByMe_compat(locktag, lockmode) \
-	LockHeldByMe((locktag), (lockmode))
-#endif
-
 /* 18: index_beginscan takes instrumentation, none here. */
 #if PG_VERSION_NUM >= 180000
 #define index_beginscan_compat(heap, index, snapshot, nkeys, norderbys) \
