@@ -21,6 +21,7 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "access/xact.h"
 #include "catalog/indexing.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
@@ -35,7 +36,6 @@
 #include "commands/trigger.h"
 #include "nodes/nodeFuncs.h"
 #include "storage/lmgr.h"
-#include "storage/proc.h"
 #include "storage/sinval.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -68,8 +68,12 @@ static bool callbacks_registered = false;
  */
 static uint64 invalidation_count = 0;
 
-/* The transaction in which idem_catalog last took the table's lock. */
-static LocalTransactionId locked_in_lxid = InvalidLocalTransactionId;
+/*
+ * Whether idem_catalog holds the table's lock for this transaction:
+ * cleared when the transaction ends, and when a subtransaction is rolled
+ * back (it may have taken the lock, which goes with it).
+ */
+static bool table_locked = false;
 
 /* NAMESPACEOID hash of the schema the lookups found, TYPEOID of its types */
 static uint32 schema_hash = 0;
@@ -92,6 +96,9 @@ static bool predicate_may_fail(Node *node, void *context);
 static bool name_in(const char *name, const char *const *names);
 pg_noreturn static void unknown_label(const char *type, Oid value);
 static void invalidate_catalog_types(Datum arg, int cacheid, uint32 hashvalue);
+static void catalog_xact_callback(XactEvent event, void *arg);
+static void catalog_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+									 SubTransactionId parentSubid, void *arg);
 
 /*
  * The extension's catalog objects, looked up if needed.  Raises an error
@@ -113,10 +120,10 @@ idem_catalog(void)
 	 */
 	if (catalog_valid)
 	{
-		if (proc_lxid_compat(MyProc) != locked_in_lxid)
+		if (!table_locked)
 		{
 			LockRelationOid(catalog.table_oid, AccessShareLock);
-			locked_in_lxid = proc_lxid_compat(MyProc);
+			table_locked = true;
 		}
 		if (catalog_valid)
 			return &catalog;
@@ -133,11 +140,14 @@ idem_catalog(void)
 									  (Datum) 0);
 		CacheRegisterSyscacheCallback(ENUMOID, invalidate_catalog_types,
 									  (Datum) 0);
+		RegisterXactCallback(catalog_xact_callback, NULL);
+		RegisterSubXactCallback(catalog_subxact_callback, NULL);
 		callbacks_registered = true;
 	}
 
 	invalidations = invalidation_count;
 	look_up(&fresh);
+	table_locked = true;
 
 	/*
 	 * Statements naming the table (records.c's kept plans) are prepared
@@ -825,6 +835,41 @@ invalidate_catalog_types(Datum arg pg_attribute_unused(), int cacheid,
 		catalog_valid = false;
 		invalidation_count++;
 	}
+}
+
+/*
+ * Transaction end: the table's lock is released (or, at PREPARE, passed
+ * to the prepared transaction); the next transaction takes it again.
+ */
+static void
+catalog_xact_callback(XactEvent event, void *arg pg_attribute_unused())
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			table_locked = false;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * Subtransaction rolled back: a lock it took is released with it, so the
+ * next call takes it again (found held at once if an outer level holds it).
+ */
+static void
+catalog_subxact_callback(SubXactEvent event,
+						 SubTransactionId mySubid pg_attribute_unused(),
+						 SubTransactionId parentSubid pg_attribute_unused(),
+						 void *arg pg_attribute_unused())
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		table_locked = false;
 }
 
 /*

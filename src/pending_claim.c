@@ -62,7 +62,6 @@
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
-#include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -76,7 +75,6 @@
 #include "idempotency.h"
 #include "key_lock.h"
 #include "pending_claim.h"
-#include "pg_compat.h"
 #include "security.h"
 
 typedef struct PendingClaim
@@ -104,11 +102,13 @@ static ProcessUtility_hook_type prev_process_utility = NULL;
 static int	ddl_depth = 0;
 
 /*
- * The transaction in which the library was loaded, if it was loaded by a
- * call: the hook did not see a DDL statement that was already running.
+ * Whether the library was loaded by a call of the current transaction: the
+ * hook did not see a DDL statement that was already running.  Cleared when
+ * that transaction commits, prepares or aborts.
  */
-static LocalTransactionId loaded_in_lxid = InvalidLocalTransactionId;
+static bool loaded_in_transaction = false;
 
+static void register_callbacks(void);
 static bool scope_entry_fits(const IdemScope *scope);
 static bool records_only_guarded(void);
 static void write_pending(const IdemResponse *response, TimestampTz now);
@@ -153,7 +153,7 @@ bool
 idem_pending_possible(const IdemScope *scope)
 {
 	return !pending.active && !lock_kept && ddl_depth == 0 &&
-		proc_lxid_compat(MyProc) != loaded_in_lxid && IsTransactionBlock() &&
+		!loaded_in_transaction && IsTransactionBlock() &&
 		idem_catalog()->records_as_created && scope_entry_fits(scope);
 }
 
@@ -189,16 +189,7 @@ idem_pending_keep(const IdemScope *scope, const IdemAttemptStart *start,
 	MemoryContext oldcontext;
 
 	Assert(!pending.active);
-	if (!callbacks_registered)
-	{
-		pending_context = AllocSetContextCreate(TopMemoryContext,
-												"idempotency pending claim",
-												ALLOCSET_SMALL_SIZES);
-		RegisterXactCallback(pending_xact_callback, NULL);
-		RegisterSubXactCallback(pending_subxact_callback, NULL);
-		callbacks_registered = true;
-	}
-
+	register_callbacks();
 	oldcontext = MemoryContextSwitchTo(pending_context);
 	pending.scope.role = copy_text(scope->role);
 	pending.scope.tenant = copy_text(scope->tenant);
@@ -258,6 +249,23 @@ idem_pending_finish(const IdemToken *token, const IdemResponse *response,
 	*operation = copy_text(pending.scope.operation);
 	write_pending(response, GetCurrentTimestamp());
 	return true;
+}
+
+/*
+ * Register the transaction callbacks, once: at the first claim kept
+ * pending, or when the library is loaded inside a transaction.
+ */
+static void
+register_callbacks(void)
+{
+	if (callbacks_registered)
+		return;
+	pending_context = AllocSetContextCreate(TopMemoryContext,
+											"idempotency pending claim",
+											ALLOCSET_SMALL_SIZES);
+	RegisterXactCallback(pending_xact_callback, NULL);
+	RegisterSubXactCallback(pending_subxact_callback, NULL);
+	callbacks_registered = true;
 }
 
 /*
@@ -417,7 +425,10 @@ idem_pending_install_hooks(void)
 	prev_process_utility = ProcessUtility_hook;
 	ProcessUtility_hook = pending_process_utility;
 	if (IsTransactionState())
-		loaded_in_lxid = proc_lxid_compat(MyProc);
+	{
+		register_callbacks();
+		loaded_in_transaction = true;
+	}
 }
 
 /*
@@ -559,7 +570,9 @@ same_secret(const uint8 *a, const uint8 *b)
 /*
  * Transaction end: a claim still pending is written before the commit (or
  * the prepare); on abort it is forgotten, and its key lock goes with the
- * transaction's locks.
+ * transaction's locks.  A failure of that write (or of anything else at
+ * the commit) aborts the transaction, which ends here as an abort.  The
+ * next transaction may keep claims pending, whichever loaded the library.
  */
 static void
 pending_xact_callback(XactEvent event, void *arg pg_attribute_unused())
@@ -578,6 +591,7 @@ pending_xact_callback(XactEvent event, void *arg pg_attribute_unused())
 		case XACT_EVENT_PARALLEL_ABORT:
 			forget();
 			lock_kept = false;
+			loaded_in_transaction = false;
 			break;
 		default:
 			break;

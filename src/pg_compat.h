@@ -57,13 +57,6 @@
 	pg_class_ownercheck((relid), (roleid))
 #endif
 
-/* 17: PGPROC's local transaction id moved into vxid. */
-#if PG_VERSION_NUM >= 170000
-#define proc_lxid_compat(proc) ((proc)->vxid.lxid)
-#else
-#define proc_lxid_compat(proc) ((proc)->lxid)
-#endif
-
 /* 18: index_beginscan takes instrumentation, none here. */
 #if PG_VERSION_NUM >= 180000
 #define index_beginscan_compat(heap, index, snapshot, nkeys, norderbys) \

@@ -10,6 +10,7 @@ use Test::More;
 my $node = PostgreSQL::Test::Cluster->new('no_preload');
 $node->init;
 $node->append_conf('postgresql.conf', "idempotency.naptime = '100ms'");
+$node->append_conf('postgresql.conf', 'max_prepared_transactions = 2');
 $node->start;
 
 $node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
@@ -130,6 +131,45 @@ COMMIT;
 }),
 	"proceed\nproceed\n0",
 	'a later transaction of that session keeps its claim pending');
+
+# The same after a transaction that loads the library with a claim and
+# commits, or prepares: that claim is written at once (the hook may have
+# missed a DDL statement of its transaction), the next transaction's is
+# kept pending.
+my $inserted = q{
+SELECT n_tup_ins - :before FROM pg_stat_xact_user_tables
+ WHERE relname = 'idem_records';
+};
+my $before = q{
+SELECT n_tup_ins AS before FROM pg_stat_xact_user_tables
+ WHERE relname = 'idem_records' \gset
+};
+foreach my $end ('COMMIT', "PREPARE TRANSACTION 'np_loaded'")
+{
+	is( $node->safe_psql(
+			'postgres', qq{
+BEGIN;
+$before
+SELECT outcome FROM idem_claim('np.op', 'np-end-1', '{}');
+$inserted
+$end;
+BEGIN;
+$before
+SELECT outcome FROM idem_claim('np.op', 'np-end-2', '{}');
+$inserted
+COMMIT;
+}),
+		"proceed\n1\nproceed\n0",
+		"after $end, the session's next transaction keeps its claim pending");
+	$node->safe_psql('postgres', "COMMIT PREPARED 'np_loaded'")
+	  if $end =~ /PREPARE/;
+	is( $node->safe_psql(
+			'postgres',
+			"SELECT count(*) FROM idem_records WHERE key LIKE 'np-end-%'"),
+		'2', '... and both records are committed');
+	$node->safe_psql('postgres',
+		"DELETE FROM idem_records WHERE key LIKE 'np-end-%'");
+}
 
 $node->stop;
 done_testing();
