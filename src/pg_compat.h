@@ -4,15 +4,20 @@
  *	  Every difference between the PostgreSQL major versions the extension
  *	  builds against, in one place.
  *
- * The extension is tested on PostgreSQL 15 and 18.  16 and 17 are guarded
- * too, at the version that changed each call, but nothing here tests them.
- * Each macro or inline function below is named after the call it stands
+ * The extension is built and tested on PostgreSQL 15 and 18.  16 and 17
+ * are guarded too, at the version that changed each call: every guard was
+ * checked against the release that brought the change (16: settings'
+ * memory, object_ownercheck, RTEPermissionInfo, EvalPlanQualInit's result
+ * relations; 18: the rest), but 16 and 17 are neither built nor tested
+ * here.
+ *
+ * Each macro below is named after the call it stands
  * for, with _compat appended, and takes the arguments of the oldest
  * version, so that a call site reads the same on every version; the
  * version-specific arguments are filled in here.  pg_noreturn, new in 18,
  * is defined for the older versions under its own name.
  *
- * Most are macros, so that a file including this one pulls in no more of
+ * They are macros, so that a file including this one pulls in no more of
  * PostgreSQL's headers than it uses: the file using one includes the
  * headers of the call it wraps, as it would to make the call itself.  Only
  * the headers of what a later version adds are included here.
