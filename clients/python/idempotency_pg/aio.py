@@ -1,13 +1,12 @@
 """The asynchronous core, over psycopg 3's AsyncConnection (for ASGI).
 
-As the synchronous one (core.py), with one round trip before the answer to
-a retry: its COMMIT is sent behind the answer, and the connection goes back
-to the pool once it is done.
+As the synchronous one (core.py): a new key in three round trips, a retry
+in one before its answer: the retry's COMMIT is sent behind the answer, and
+the connection goes back to the pool once it is done.
 """
 
 import asyncio
-
-from psycopg import AsyncClientCursor
+import warnings
 
 from .core import (COLUMNS, STALE_TOKEN, Calls, Result, RetryableError, answer, attempt, check_key,
                    lease_lost, refuse, sqlstate)
@@ -17,14 +16,15 @@ class AsyncIdempotency:
     """pool: a psycopg_pool.AsyncConnectionPool whose connections are in
     autocommit mode (kwargs={"autocommit": True}).  Defaults as
     Idempotency's.  BEGIN with the claim, and the completion with COMMIT,
-    go as one query string whose values psycopg binds on the client
-    (AsyncClientCursor), or with pipeline=True in pipeline mode: both one
-    round trip, but under asyncio pipeline mode costs the service about a
-    third more CPU per new key (its many small flushes and waits)."""
+    go as one query string each, every value a literal (core.Calls): one
+    round trip each, nothing prepared."""
 
-    def __init__(self, pool, schema=None, pipeline=False, **defaults):
+    def __init__(self, pool, schema=None, pipeline=None, **defaults):
+        if pipeline is not None:
+            warnings.warn("AsyncIdempotency(pipeline=...) is ignored: the calls are query strings of"
+                          " literals, which cost the service less CPU than pipeline mode", DeprecationWarning,
+                          stacklevel=2)
         self.pool = pool
-        self.pipeline = pipeline
         self.calls = Calls(schema, **defaults)
         self._pending = set()
 
@@ -33,64 +33,55 @@ class AsyncIdempotency:
         while self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
 
-    async def _end(self, conn, sql):
+    async def _end(self, conn, commit):
+        """COMMIT or ROLLBACK, then give the connection back (closed when
+        its transaction could not end)."""
         try:
-            await conn.execute(sql)
+            if not conn.closed:
+                await (conn.commit() if commit else conn.rollback())
         except Exception:
             await conn.close()
         finally:
             await self.pool.putconn(conn)
 
-    async def _pair(self, conn, first, first_params, second, second_params):
-        """Two statements in one round trip; the first row of the one that
-        has a result (the claim)."""
-        if self.pipeline:
-            async with conn.pipeline():
-                cur1 = await conn.execute(first, first_params)
-                cur2 = await conn.execute(second, second_params)
-            cur = cur2 if second_params is not None else cur1
-            return await cur.fetchone()
-        # one query string, the values bound by psycopg on the client
-        async with AsyncClientCursor(conn) as cur:
-            await cur.execute(first + ";" + second, (first_params or []) + (second_params or []))
-            if first_params is None:
-                cur.nextset()
-            return await cur.fetchone()
-
     async def run(self, handler, key, request=None, operation=None, raw_request=False, **options):
         """One transaction: await handler(conn, ctx) runs inside the claim's
-        transaction, on its connection (see Idempotency.run)."""
+        transaction, on its connection (see Idempotency.run).  A claim that
+        does not proceed is answered after one round trip; its COMMIT
+        follows on the connection, which then goes back to the pool."""
         bad = check_key(key)
         if bad is not None:
             return bad
-        sql, params = self.calls.claim(operation, key, request, raw_request, **options)
+        sql = "BEGIN;" + self.calls.claim(operation, key, request, raw_request, **options)
         conn = await self.pool.getconn()
         handed_over = False
         try:
             try:
-                d = dict(zip(COLUMNS, await self._pair(conn, "BEGIN", None, sql, params)))
+                cur = await conn.execute(sql, prepare=False)
+                cur.nextset()
+                d = dict(zip(COLUMNS, await cur.fetchone()))
             except Exception as err:
                 return refuse(err)
             if d["outcome"] != "proceed":
-                # answered now; the COMMIT follows on the connection
-                task = asyncio.ensure_future(self._end(conn, "COMMIT"))
+                # answered now; the COMMIT follows on the connection (a claim
+                # that found an ended lease may have made the record unknown)
+                task = asyncio.ensure_future(self._end(conn, True))
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
                 handed_over = True
                 return answer(d)
             result = Result.of(await handler(conn, attempt(key, d)))
-            fsql, fparams = self.calls.finish(d["token"], result)
-            await self._pair(conn, fsql, fparams, "COMMIT", None)
+            await conn.execute(self.calls.finish(d["token"], result) + ";COMMIT", prepare=False)
             handed_over = True
             await self.pool.putconn(conn)
             return result.response()
         finally:
             if not handed_over:
-                await self._end(conn, "ROLLBACK")
+                await self._end(conn, False)
 
-    async def _call(self, sql, params):
+    async def _call(self, sql):
         async with self.pool.connection() as conn:
-            return await (await conn.execute(sql, params)).fetchone()
+            return await (await conn.execute(sql, prepare=False)).fetchone()
 
     async def run_external(self, handler, key, request=None, operation=None, raw_request=False, lease=30,
                            **options):
@@ -99,9 +90,9 @@ class AsyncIdempotency:
         bad = check_key(key)
         if bad is not None:
             return bad
-        sql, params = self.calls.claim(operation, key, request, raw_request, lease=lease, **options)
+        sql = self.calls.claim(operation, key, request, raw_request, lease=lease, **options)
         try:
-            d = dict(zip(COLUMNS, await self._call(sql, params)))
+            d = dict(zip(COLUMNS, await self._call(sql)))
         except Exception as err:
             return refuse(err)
         if d["outcome"] != "proceed":
@@ -113,17 +104,17 @@ class AsyncIdempotency:
             while True:
                 await asyncio.sleep(lease / 3)
                 try:
-                    await self._call(*self.calls.heartbeat(token, lease))
+                    await self._call(self.calls.heartbeat(token, lease))
                 except Exception as err:
                     if sqlstate(err) == STALE_TOKEN:
                         lost.set()
                         return
 
         async def checkpoint(point):
-            await self._call(*self.calls.checkpoint(token, point))
+            await self._call(self.calls.checkpoint(token, point))
 
         async def derive_key(step):
-            return (await self._call(*self.calls.derive_key(key, step)))[0]
+            return (await self._call(self.calls.derive_key(key, step)))[0]
 
         beater = asyncio.ensure_future(beat())
         ctx = attempt(key, d, lost=lost, checkpoint=checkpoint, derive_key=derive_key)
@@ -134,7 +125,7 @@ class AsyncIdempotency:
         finally:
             beater.cancel()
         try:
-            await self._call(*self.calls.finish(token, result))
+            await self._call(self.calls.finish(token, result))
         except Exception as err:
             lease_lost(err)
         return result.response()
