@@ -408,3 +408,48 @@ def test_literals_read_back_as_sent(db, conforming):
     assert bytes(db.execute("SELECT " + bytea(b"\x00\\'\xff")).fetchone()[0]) == b"\x00\\'\xff"
     assert db.execute("SELECT extract(epoch FROM %s)" % interval(1.5)).fetchone()[0] == 1.5
     assert db.execute("SELECT %s = '2 minutes'::interval" % interval("2 minutes")).fetchone()[0]
+
+
+@pytest.mark.parametrize("settings", [[], ["SET bytea_output = 'escape'", "SET standard_conforming_strings = off"]])
+def test_async_core_sends_and_reads_values_as_written(op, settings):
+    """The asynchronous core reads idem_claim's row itself: every column,
+    in either bytea output, and values with quotes and backslashes."""
+    from psycopg_pool import AsyncConnectionPool
+
+    async def configure(conn):
+        for sql in settings:
+            await conn.execute(sql)
+
+    async def main():
+        pool = AsyncConnectionPool("", kwargs={"autocommit": True}, min_size=1, max_size=2, configure=configure)
+        await pool.open()
+        idem = AsyncIdempotency(pool)
+        try:
+            key = "x'); SELECT 1; --\\'\\"
+            call = dict(operation=op + "'\\", tenant="t\\'")
+            body = bytes(range(256)) + b"\\x00'"
+
+            async def handler(conn, ctx):
+                assert isinstance(ctx["token"], str) and ctx["attempt"] == 1
+                return Result(207, [("X-Q", "a'b\\c"), ("X-Q", "2")], body, resource_id="r'\\")
+
+            async def anever(*_):
+                raise AssertionError("must not run")
+
+            first = await idem.run(handler, key, {"n": "it's \\'"}, **call)
+            again = await idem.run(anever, key, {"n": "it's \\'"}, **call)
+            other = await idem.run(anever, key, {"n": "x"}, **call)
+            bad = await idem.run(anever, "caf\u00e9", {}, **call)
+            return first, again, other, bad
+        finally:
+            await idem.drain()
+            await pool.close()
+
+    first, again, other, bad = asyncio.run(main())
+    assert (first.status, again.status, again.replayed) == (207, 207, True)
+    assert again.headers == [("X-Q", "a'b\\c"), ("X-Q", "2"), ("Idempotent-Replayed", "true")]
+    assert again.body == bytes(range(256)) + b"\\x00'"
+    assert (other.status, other.outcome) == (422, "mismatch")
+    assert (bad.status, json.loads(bad.body)["error_code"]) == (400, "IDEMPOTENCY_KEY_INVALID")
+    # the server's primary message, read from its error as psycopg reads it
+    assert json.loads(bad.body)["message"] == "idempotency key must be printable ASCII"
