@@ -453,3 +453,9 @@ def test_async_core_sends_and_reads_values_as_written(op, settings):
     assert (bad.status, json.loads(bad.body)["error_code"]) == (400, "IDEMPOTENCY_KEY_INVALID")
     # the server's primary message, read from its error as psycopg reads it
     assert json.loads(bad.body)["message"] == "idempotency key must be printable ASCII"
+
+
+def test_async_pipeline_option_is_ignored_with_a_warning():
+    with pytest.warns(DeprecationWarning):
+        idem = AsyncIdempotency(object(), pipeline=True)
+    assert idem.calls.claim("op", "k", None).endswith("idem_claim('op', 'k', NULL)")
