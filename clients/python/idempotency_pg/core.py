@@ -8,13 +8,16 @@ asynchronous one (psycopg 3) is `idempotency_pg.aio.AsyncIdempotency`.
 A call is one transaction: the claim, the handler's writes on the claim's
 connection, and the completion commit together.  Round trips for a new key:
 three (BEGIN with the claim, the handler's statements, the completion with
-COMMIT): psycopg 3 sends each pair in pipeline mode (the asynchronous core
-as one query string bound on the client, which costs less CPU under
-asyncio), psycopg2 as one query string (psycopg2 quotes the values itself).  A retry: the claim, then its
-COMMIT.
+COMMIT), each pair one query string of literals (Calls) that both drivers
+send as it is, in the simple protocol: nothing to prepare, so it works
+through pgbouncer in transaction mode, and it costs the service less CPU
+than binding parameters or pipeline mode.  A retry: one round trip before
+its answer (the claim), then its COMMIT.
 """
 
 import json
+import logging
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -48,11 +51,12 @@ class Response:
     repeats kept), body (bytes); outcome (None when the key was refused
     before the claim) and replayed."""
 
-    __slots__ = ("status", "headers", "body", "outcome", "replayed")
+    __slots__ = ("status", "headers", "body", "outcome", "replayed", "close")
 
     def __init__(self, status, headers, body, outcome=None, replayed=False):
         self.status, self.headers, self.body = status, headers, body
         self.outcome, self.replayed = outcome, replayed
+        self.close = _nothing  # what is left once the answer is sent (Idempotency.run's defer_commit)
 
     def header(self, name):
         name = name.lower()
@@ -60,6 +64,28 @@ class Response:
 
     def __repr__(self):
         return "Response(%r, %r, %r, outcome=%r)" % (self.status, self.headers, self.body[:80], self.outcome)
+
+
+def _nothing():
+    pass
+
+
+class _Commit:
+    """The close() of a Response whose claim's COMMIT was deferred: sends it
+    and gives the connection back, once.  A COMMIT that fails then (the
+    answer is sent) is logged, and its connection closed."""
+
+    def __init__(self, idem, conn, driver):
+        self.idem, self.conn, self.driver = idem, conn, driver
+
+    def __call__(self):
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        try:
+            self.idem._end(conn, self.driver, "COMMIT")
+        except Exception as err:
+            logging.getLogger("idempotency_pg").error("the COMMIT of a claim after its answer failed: %s", err)
 
 
 class HttpError(Exception):
@@ -193,50 +219,82 @@ class Result:
         return Response(self.status, self.headers, self.body, "proceed", False)
 
 
+def literal(value):
+    """A value as an SQL literal, as libpq's PQescapeLiteral writes it:
+    quotes doubled, and with a backslash, E'' with backslashes doubled, so
+    that it reads the same whatever standard_conforming_strings says.  NUL
+    cannot be sent."""
+    s = str(value)
+    if "\0" in s:
+        raise ValueError("a string sent to PostgreSQL cannot contain NUL")
+    s = s.replace("'", "''")
+    if "\\" in s:
+        return " E'%s'" % s.replace("\\", "\\\\")
+    return "'%s'" % s
+
+
+def interval(value):
+    """An interval argument: seconds (a number) or PostgreSQL interval text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = "%s seconds" % value
+    return literal(value) + "::interval"
+
+
+def bytea(value):
+    return "decode('%s', 'hex')" % bytes(value).hex()
+
+
 class Calls:
-    """The SQL of the calls, with %s placeholders (both drivers' style)."""
+    """The SQL of the calls, every value a literal: one query string that
+    any driver sends as it is, in one round trip with the BEGIN before it
+    or the COMMIT after it, and that needs no prepared statement (pgbouncer
+    in transaction mode)."""
 
     def __init__(self, schema=None, **defaults):
+        if schema and "\0" in schema:
+            raise ValueError("an identifier cannot contain NUL")
         self.prefix = "" if not schema else '"%s".' % schema.replace('"', '""')
         self.defaults = defaults
+        self.head = "SELECT %s FROM %sidem_claim(" % (", ".join(COLUMNS), self.prefix)
 
     def claim(self, operation, key, request, raw_request=False, **options):
-        """(sql, params) of idem_claim; request is any JSON value, or JSON
-        text with raw_request=True."""
-        opts = dict(self.defaults, **options)
-        operation = operation or opts.pop("operation", None)
-        opts.pop("operation", None)
+        """The SELECT of idem_claim; request is any JSON value, or JSON text
+        with raw_request=True."""
+        opts = {**self.defaults, **options} if self.defaults else options
+        if not operation:
+            operation = opts.get("operation")
         if not operation:
             raise TypeError("an idempotent call needs an operation")
-        if request is not None and not raw_request:
-            request = json.dumps(request, separators=(",", ":"))
-        sql = "SELECT %s FROM %sidem_claim(%%s, %%s, %%s::jsonb" % (", ".join(COLUMNS), self.prefix)
-        params = [operation, key, request]
+        if request is None:
+            request = "NULL"
+        else:
+            if not raw_request:
+                request = json.dumps(request, separators=(",", ":"))
+            request = literal(request) + "::jsonb"
+        sql = "%s%s, %s, %s" % (self.head, literal(operation), literal(key), request)
         for option, argument, cast in CLAIM_OPTIONS:
             value = opts.get(option)
-            if value is None:
-                continue
-            if cast == "::interval" and isinstance(value, (int, float)):
-                value = "%s seconds" % value
-            sql += ", %s => %%s%s" % (argument, cast)
-            params.append(value)
-        return sql + ")", params
+            if value is not None:
+                sql += ", %s => %s" % (argument, interval(value) if cast else literal(value))
+        return sql + ")"
 
     def finish(self, token, result):
         if result.failed:
-            return ("SELECT %sidem_fail(%%s, %%s, headers => %%s::jsonb, raw_body => %%s, retryable => %%s)"
-                    % self.prefix, [token, result.status, json.dumps(result.headers), result.body, result.retryable])
-        return ("SELECT %sidem_complete(%%s, %%s, headers => %%s::jsonb, raw_body => %%s, resource_id => %%s)"
-                % self.prefix, [token, result.status, json.dumps(result.headers), result.body, result.resource_id])
+            return ("SELECT %sidem_fail(%s, %d, headers => %s::jsonb, raw_body => %s, retryable => %s)"
+                    % (self.prefix, literal(token), result.status, literal(json.dumps(result.headers)),
+                       bytea(result.body), "true" if result.retryable else "false"))
+        return ("SELECT %sidem_complete(%s, %d, headers => %s::jsonb, raw_body => %s, resource_id => %s)"
+                % (self.prefix, literal(token), result.status, literal(json.dumps(result.headers)),
+                   bytea(result.body), "NULL" if result.resource_id is None else literal(result.resource_id)))
 
     def heartbeat(self, token, lease):
-        return "SELECT %sidem_heartbeat(%%s, %%s::interval)" % self.prefix, [token, "%s seconds" % lease]
+        return "SELECT %sidem_heartbeat(%s, %s)" % (self.prefix, literal(token), interval(lease))
 
     def checkpoint(self, token, point):
-        return "SELECT %sidem_checkpoint(%%s, %%s)" % self.prefix, [token, point]
+        return "SELECT %sidem_checkpoint(%s, %s)" % (self.prefix, literal(token), literal(point))
 
     def derive_key(self, key, step):
-        return "SELECT %sidem_derive_key(%%s, %%s)" % self.prefix, [key, step]
+        return "SELECT %sidem_derive_key(%s, %s)" % (self.prefix, literal(key), literal(step))
 
 
 def sqlstate(err):
@@ -244,59 +302,66 @@ def sqlstate(err):
     return getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
 
 
-class _Driver:
-    """The two round trips that fold two statements into one, per driver."""
+def _driver(conn):
+    ext = sys.modules.get("psycopg2.extensions")
+    return _PSYCOPG2 if ext is not None and isinstance(conn, ext.connection) else _PSYCOPG3
+
+
+class _Psycopg3:
+    """A query string in the simple protocol (no parameters: psycopg sends
+    it as it is, more than one statement allowed), never prepared."""
 
     @staticmethod
-    def for_connection(conn):
-        return _Psycopg2() if type(conn).__module__.startswith("psycopg2") else _Psycopg3()
-
-
-class _Psycopg3(_Driver):
-    # Pipeline mode: BEGIN and the claim, the completion and COMMIT, each
-    # pair in one round trip.
-    def begin_claim(self, conn, sql, params):
-        with conn.pipeline():
-            conn.execute("BEGIN")
-            cur = conn.execute(sql, params)
+    def claim(conn, sql):
+        cur = conn.execute("BEGIN;" + sql, prepare=False)
+        cur.nextset()
         return cur.fetchone()
 
-    def finish_commit(self, conn, sql, params):
-        with conn.pipeline():
-            conn.execute(sql, params)
-            conn.execute("COMMIT")
+    @staticmethod
+    def finish(conn, sql):
+        conn.execute(sql + ";COMMIT", prepare=False)
 
-    def query(self, conn, sql, params):
-        return conn.execute(sql, params).fetchone()
+    @staticmethod
+    def query(conn, sql):
+        return conn.execute(sql, prepare=False).fetchone()
+
+    @staticmethod
+    def commit(conn):
+        conn.commit()  # COMMIT whenever a transaction is open, autocommit or not
+
+    @staticmethod
+    def rollback(conn):
+        conn.rollback()
 
 
-class _Psycopg2(_Driver):
-    # One query string of two statements: psycopg2 binds the values on the
-    # client, quoted by libpq, and returns the last statement's rows.
-    def begin_claim(self, conn, sql, params):
-        with conn.cursor() as cur:
-            cur.execute("BEGIN;" + sql, params)
-            return cur.fetchone()
+class _Psycopg2:
+    """A query string with no parameters: psycopg2 sends it as it is and
+    returns the last statement's rows."""
 
-    def finish_commit(self, conn, sql, params):
-        with conn.cursor() as cur:
-            cur.execute(sql + ";COMMIT", params)
-
-    def query(self, conn, sql, params):
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchone()
-
-    def execute(self, conn, sql):
+    @staticmethod
+    def query(conn, sql):
         with conn.cursor() as cur:
             cur.execute(sql)
+            return cur.fetchone() if cur.description else None
+
+    @classmethod
+    def claim(cls, conn, sql):
+        return cls.query(conn, "BEGIN;" + sql)
+
+    @classmethod
+    def finish(cls, conn, sql):
+        cls.query(conn, sql + ";COMMIT")
+
+    @classmethod
+    def commit(cls, conn):
+        cls.query(conn, "COMMIT")
+
+    @classmethod
+    def rollback(cls, conn):
+        cls.query(conn, "ROLLBACK")
 
 
-def _execute(driver, conn, sql):
-    if isinstance(driver, _Psycopg2):
-        driver.execute(conn, sql)
-    else:
-        conn.execute(sql)
+_PSYCOPG3, _PSYCOPG2 = _Psycopg3(), _Psycopg2()
 
 
 class Pool:
@@ -306,35 +371,49 @@ class Pool:
 
     def __init__(self, source):
         self.source = source
-        self.psycopg2 = type(source).__module__.startswith("psycopg2")
+        pools = sys.modules.get("psycopg2.pool")
+        self.psycopg2 = pools is not None and isinstance(source, pools.AbstractConnectionPool)
         self.free = threading.BoundedSemaphore(source.maxconn) if self.psycopg2 else None
+        self.opens = not hasattr(source, "getconn")
 
-    @contextmanager
-    def connection(self):
+    def get(self):
         src = self.source
-        if not hasattr(src, "getconn"):
+        if self.opens:
             conn = src()
+        else:
+            if self.free is not None:
+                self.free.acquire()
             try:
-                conn.autocommit = True
-                yield conn
-            finally:
-                conn.close()
+                conn = src.getconn()
+            except BaseException:
+                if self.free is not None:
+                    self.free.release()
+                raise
+        if not conn.autocommit:
+            conn.autocommit = True
+        return conn
+
+    def put(self, conn):
+        src = self.source
+        if self.opens:
+            conn.close()
             return
-        if self.free is not None:
-            self.free.acquire()
         try:
-            conn = src.getconn()
-            try:
-                conn.autocommit = True
-                yield conn
-            finally:
-                if self.psycopg2:
-                    src.putconn(conn, close=bool(conn.closed))
-                else:
-                    src.putconn(conn)
+            if self.psycopg2:
+                src.putconn(conn, close=bool(conn.closed))
+            else:
+                src.putconn(conn)
         finally:
             if self.free is not None:
                 self.free.release()
+
+    @contextmanager
+    def connection(self):
+        conn = self.get()
+        try:
+            yield conn
+        finally:
+            self.put(conn)
 
 
 class Idempotency:
@@ -349,42 +428,68 @@ class Idempotency:
         self.pool = pool if isinstance(pool, Pool) else Pool(pool)
         self.calls = Calls(schema, **defaults)
 
-    def run(self, handler, key, request=None, operation=None, raw_request=False, **options):
+    def run(self, handler, key, request=None, operation=None, raw_request=False, defer_commit=False,
+            **options):
         """One transaction.  handler(conn, ctx) runs only for a new key (or a
         new attempt) inside the claim's transaction, on its connection; ctx
         holds key, token, attempt and recovery_point.  It returns a Result (or
         a dict of its arguments); with failed=True it is stored with
         idem_fail and replayed.  When it raises, everything rolls back and the
-        error goes on: a retry proceeds."""
+        error goes on: a retry proceeds.
+
+        A claim that does not proceed is answered after one round trip, but
+        its transaction must still commit (a claim that found an ended lease
+        may have made the record unknown).  By default run() sends that
+        COMMIT before it returns; with defer_commit=True it returns at once
+        and the Response's close() sends it and gives the connection back:
+        call it once the answer is sent (a WSGI response's close(), which
+        the server calls after the last byte)."""
         bad = check_key(key)
         if bad is not None:
             return bad
-        sql, params = self.calls.claim(operation, key, request, raw_request, **options)
-        with self.pool.connection() as conn:
-            driver = _Driver.for_connection(conn)
-            done = False
+        sql = self.calls.claim(operation, key, request, raw_request, **options)
+        conn = self.pool.get()
+        driver = _driver(conn)
+        end = "ROLLBACK"  # how the finally ends the transaction; None: handed over
+        try:
             try:
-                try:
-                    d = dict(zip(COLUMNS, driver.begin_claim(conn, sql, params)))
-                except Exception as err:
-                    return refuse(err)
-                if d["outcome"] != "proceed":
-                    # a claim that found an ended lease may have made the
-                    # record unknown: commit all the same
-                    _execute(driver, conn, "COMMIT")
-                    done = True
-                    return answer(d)
-                result = Result.of(handler(conn, attempt(key, d)))
-                fsql, fparams = self.calls.finish(d["token"], result)
-                driver.finish_commit(conn, fsql, fparams)
-                done = True
-                return result.response()
-            finally:
-                if not done and not getattr(conn, "closed", False):
-                    try:
-                        _execute(driver, conn, "ROLLBACK")
-                    except Exception:
-                        conn.close()
+                d = dict(zip(COLUMNS, driver.claim(conn, sql)))
+            except Exception as err:
+                return refuse(err)
+            if d["outcome"] != "proceed":
+                response = answer(d)
+                if defer_commit:
+                    response.close = _Commit(self, conn, driver)
+                    end = None
+                else:
+                    end = "COMMIT"
+                return response
+            result = Result.of(handler(conn, attempt(key, d)))
+            driver.finish(conn, self.calls.finish(d["token"], result))
+            end = ""
+            return result.response()
+        finally:
+            if end is not None:
+                self._end(conn, driver, end)
+
+    def _end(self, conn, driver, how):
+        """End the call's transaction (how: COMMIT, ROLLBACK, or "" when it
+        has ended) and give the connection back, closed when its transaction
+        could not end.  A COMMIT that fails raises."""
+        try:
+            if how and not conn.closed:
+                (driver.commit if how == "COMMIT" else driver.rollback)(conn)
+        except Exception:
+            conn.close()
+            if how == "COMMIT":
+                raise
+        finally:
+            self.pool.put(conn)
+
+    def _call(self, sql):
+        """One statement in a transaction of its own; its first row."""
+        with self.pool.connection() as conn:
+            return _driver(conn).query(conn, sql)
 
     def run_external(self, handler, key, request=None, operation=None, raw_request=False, lease=30, **options):
         """Three transactions, for a side effect outside the database: the
@@ -398,26 +503,20 @@ class Idempotency:
         bad = check_key(key)
         if bad is not None:
             return bad
-        sql, params = self.calls.claim(operation, key, request, raw_request, lease=lease, **options)
-        with self.pool.connection() as conn:
-            driver = _Driver.for_connection(conn)
-            try:
-                d = dict(zip(COLUMNS, driver.query(conn, sql, params)))
-            except Exception as err:
-                return refuse(err)
+        sql = self.calls.claim(operation, key, request, raw_request, lease=lease, **options)
+        try:
+            d = dict(zip(COLUMNS, self._call(sql)))
+        except Exception as err:
+            return refuse(err)
         if d["outcome"] != "proceed":
             return answer(d)
         token = d["token"]
         stop, lost = threading.Event(), threading.Event()
 
-        def call(sql_params):
-            with self.pool.connection() as c:
-                return _Driver.for_connection(c).query(c, *sql_params)
-
         def beat():
             while not stop.wait(lease / 3):
                 try:
-                    call(self.calls.heartbeat(token, lease))
+                    self._call(self.calls.heartbeat(token, lease))
                 except Exception as err:
                     if sqlstate(err) == STALE_TOKEN:
                         lost.set()
@@ -425,8 +524,9 @@ class Idempotency:
 
         beater = threading.Thread(target=beat, daemon=True)
         beater.start()
-        ctx = attempt(key, d, lost=lost, checkpoint=lambda point: call(self.calls.checkpoint(token, point)) and None,
-                      derive_key=lambda step: call(self.calls.derive_key(key, step))[0])
+        ctx = attempt(key, d, lost=lost,
+                      checkpoint=lambda point: self._call(self.calls.checkpoint(token, point)) and None,
+                      derive_key=lambda step: self._call(self.calls.derive_key(key, step))[0])
         try:
             result = Result.of(handler(ctx))
         except RetryableError as err:
@@ -435,7 +535,7 @@ class Idempotency:
             stop.set()
             beater.join()
         try:
-            call(self.calls.finish(token, result))
+            self._call(self.calls.finish(token, result))
         except Exception as err:
             lease_lost(err)
         return result.response()

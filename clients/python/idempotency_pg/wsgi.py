@@ -26,7 +26,9 @@ def idempotent(idem, operation, external=False, max_body=MAX_BODY, **options):
     """A decorator that makes `handler(conn, ctx)` (or, with external=True,
     `handler(ctx)`) a Flask view.  ctx adds request (flask.request) and body
     (the parsed JSON).  An HttpError is answered; other errors go to Flask
-    (500)."""
+    (500).  A retry is answered after one round trip: the COMMIT of its
+    claim runs from the response's close(), which the WSGI server calls
+    once the answer is sent."""
 
     def wrap(handler):
         @functools.wraps(handler)
@@ -42,10 +44,17 @@ def idempotent(idem, operation, external=False, max_body=MAX_BODY, **options):
                                                  operation=operation, **call)
                 else:
                     response = idem.run(lambda conn, ctx: handler(conn, {**ctx, **extra}),
-                                        operation=operation, **call)
+                                        operation=operation, defer_commit=True, **call)
             except HttpError as err:
                 response = err.response()
-            return to_flask(response)
+            try:
+                r = to_flask(response)
+            except BaseException:
+                response.close()
+                raise
+            # a retry's COMMIT, once the answer is sent (WSGI's close())
+            r.call_on_close(response.close)
+            return r
 
         return view
 

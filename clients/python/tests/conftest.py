@@ -43,6 +43,14 @@ def op(request):
     return "test.python.%s.%s" % (request.node.name, RUN)
 
 
+def in_use(pool):
+    """How many of a pool's connections are out (either driver's pool)."""
+    if hasattr(pool, "get_stats"):
+        stats = pool.get_stats()
+        return stats["pool_size"] - stats["pool_available"]
+    return len(pool._used)
+
+
 def payments_for(db, key):
     return db.execute("SELECT count(*) FROM payments WHERE idempotency_key = %s", (key,)).fetchone()[0]
 

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from conftest import psycopg2_pool, psycopg3_pool
+from conftest import in_use, psycopg2_pool, psycopg3_pool
 from idempotency_pg import HttpError, Idempotency
 
 RUNS = {}
@@ -135,6 +135,9 @@ def test_flask(driver, op):
 
     try:
         check_app(post, op)
+        # every retry's COMMIT ran from the response's close(): no
+        # connection is left out of the pool
+        assert in_use(pool) == 0
     finally:
         pool.close() if driver == "psycopg" else pool.closeall()
 
@@ -145,6 +148,7 @@ class Wrapped:
     def __init__(self, r):
         self.r = r
         self.status_code, self.content, self.headers = r.status_code, r.data, r.headers
+        r.close()  # as a WSGI server does once the answer is sent
 
     def json(self):
         return self.r.get_json(silent=True)

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from conftest import payments_for
+from conftest import in_use, payments_for
 from idempotency_pg import HttpError, Idempotency, Result, RetryableError, answer
 from idempotency_pg.aio import AsyncIdempotency
 
@@ -210,14 +210,13 @@ def test_external_lease_unknown_retryable_and_resume(pool, op):
     assert json.loads(r.body) == {"resumed": "charged"}
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_async_core(db, op, pipeline):
+def test_async_core(db, op):
     from psycopg_pool import AsyncConnectionPool
 
     async def main():
         pool = AsyncConnectionPool("", kwargs={"autocommit": True}, min_size=1, max_size=4)
         await pool.open()
-        idem = AsyncIdempotency(pool, pipeline=pipeline)
+        idem = AsyncIdempotency(pool)
         try:
             key = str(uuid.uuid4())
 
@@ -257,3 +256,206 @@ def test_async_core(db, op, pipeline):
     assert (other.status, bad.status) == (422, 400)
     assert (ext.status, ext_again.replayed) == (202, True)
     assert payments_for(db, key) == 1
+
+
+class _Counting3:
+    """psycopg 3: a connection class that records each query string it sends."""
+
+    @staticmethod
+    def pool():
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        class Counting(psycopg.Connection):
+            def execute(self, query, *args, **kwargs):
+                self.sent.append(query)
+                return super().execute(query, *args, **kwargs)
+
+            def commit(self):
+                self.sent.append("COMMIT")
+                return super().commit()
+
+            def rollback(self):
+                self.sent.append("ROLLBACK")
+                return super().rollback()
+
+        def configure(conn):
+            conn.sent = SENT
+
+        SENT = []
+        pool = ConnectionPool("", connection_class=Counting, kwargs={"autocommit": True}, min_size=1, max_size=1,
+                              configure=configure)
+        return pool, SENT
+
+
+class _Counting2:
+    """psycopg2: a connection whose cursors record each query string."""
+
+    @staticmethod
+    def pool():
+        import psycopg2.extensions
+        from psycopg2.pool import ThreadedConnectionPool
+
+        SENT = []
+
+        class Cursor(psycopg2.extensions.cursor):
+            def execute(self, query, vars=None):
+                SENT.append(query)
+                return super().execute(query, vars)
+
+        class Counting(psycopg2.extensions.connection):
+            def cursor(self, *args, **kwargs):
+                kwargs.setdefault("cursor_factory", Cursor)
+                return super().cursor(*args, **kwargs)
+
+        return ThreadedConnectionPool(1, 1, "", connection_factory=Counting), SENT
+
+
+@pytest.fixture(params=["psycopg", "psycopg2"])
+def counted(request):
+    """(pool of one connection, the list of query strings sent on it)."""
+    pool, sent = (_Counting3 if request.param == "psycopg" else _Counting2).pool()
+    yield pool, sent
+    pool.close() if request.param == "psycopg" else pool.closeall()
+
+
+def shapes(sent):
+    """Each query string sent, named by what it does."""
+    names = []
+    for sql in sent:
+        sql = str(sql)
+        if sql.startswith("BEGIN;SELECT outcome") and "idem_claim(" in sql:
+            names.append("BEGIN;claim")
+        elif sql.startswith("SELECT ") and "idem_complete(" in sql and sql.endswith(";COMMIT"):
+            names.append("complete;COMMIT")
+        elif sql.startswith("INSERT INTO payments"):
+            names.append("INSERT")
+        else:
+            names.append(sql)
+    return names
+
+
+def test_round_trips(counted, db, op):
+    pool, sent = counted
+    idem = Idempotency(pool)
+    key = str(uuid.uuid4())
+    assert idem.run(pay(30), key, {"amount": 30}, operation=op).status == 201
+    assert shapes(sent) == ["BEGIN;claim", "INSERT", "complete;COMMIT"]
+    del sent[:]
+    r = idem.run(never, key, {"amount": 30}, operation=op)
+    assert (r.replayed, shapes(sent)) == (True, ["BEGIN;claim", "COMMIT"])
+    r.close()  # nothing left: a no-op
+    assert shapes(sent) == ["BEGIN;claim", "COMMIT"]
+    # deferred: answered after the claim alone; close() sends the COMMIT and
+    # gives the connection back, once
+    del sent[:]
+    r = idem.run(never, key, {"amount": 30}, operation=op, defer_commit=True)
+    assert (r.replayed, shapes(sent)) == (True, ["BEGIN;claim"])
+    assert in_use(pool) == 1
+    r.close()
+    r.close()
+    assert (shapes(sent), in_use(pool)) == (["BEGIN;claim", "COMMIT"], 0)
+    # a handler that raises: ROLLBACK, and a retry proceeds
+    del sent[:]
+    key = str(uuid.uuid4())
+    with pytest.raises(RuntimeError):
+        idem.run(lambda conn, ctx: (_ for _ in ()).throw(RuntimeError("boom")), key, {}, operation=op,
+                 defer_commit=True)
+    assert (shapes(sent), in_use(pool)) == (["BEGIN;claim", "ROLLBACK"], 0)
+    assert idem.run(pay(31), key, {}, operation=op, defer_commit=True).outcome == "proceed"
+    assert in_use(pool) == 0
+
+
+def test_deferred_commit_keeps_what_the_claim_wrote(pool, db, op):
+    """A claim that finds an ended lease makes the record unknown: with the
+    COMMIT deferred, that write commits on close()."""
+    idem = Idempotency(pool)
+    key = str(uuid.uuid4())
+    with pytest.raises(RuntimeError):
+        idem.run_external(lambda ctx: (_ for _ in ()).throw(RuntimeError("timeout")), key, {}, operation=op,
+                          lease=0.05)
+    deadline = time.monotonic() + 20
+    while db.execute("SELECT outcome FROM idem_replay(%s, %s)", (op, key)).fetchone()[0] != "unknown":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    r = idem.run(never, key, {}, operation=op, defer_commit=True)
+    assert (r.status, json.loads(r.body)["error_code"]) == (409, "IDEMPOTENCY_OUTCOME_UNKNOWN")
+    holder = db.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                        " AND usename = current_user AND pid <> pg_backend_pid()").fetchone()[0]
+    assert holder >= 1
+    r.close()
+    assert in_use(pool) == 0
+    # committed: the record is unknown for good, a retry is told so
+    assert idem.run(never, key, {}, operation=op).outcome == "unknown"
+
+
+def test_literal():
+    from idempotency_pg.core import literal
+
+    assert literal("a'b") == "'a''b'"
+    assert literal("a\\'b") == " E'a\\\\''b'"
+    with pytest.raises(ValueError):
+        literal("a\0b")
+
+
+@pytest.mark.parametrize("conforming", ["on", "off"])
+def test_literals_read_back_as_sent(db, conforming):
+    from idempotency_pg.core import bytea, interval, literal
+
+    db.execute("SET standard_conforming_strings = " + conforming)
+    for s in ["", "plain", "it's", "\\", "a\\'b", "\\x41", "'; SELECT 1; --", "caf\u00e9 \u2603", "%s %(x)s", "E'x'"]:
+        assert db.execute("SELECT " + literal(s)).fetchone()[0] == s
+    assert bytes(db.execute("SELECT " + bytea(b"\x00\\'\xff")).fetchone()[0]) == b"\x00\\'\xff"
+    assert db.execute("SELECT extract(epoch FROM %s)" % interval(1.5)).fetchone()[0] == 1.5
+    assert db.execute("SELECT %s = '2 minutes'::interval" % interval("2 minutes")).fetchone()[0]
+
+
+@pytest.mark.parametrize("settings", [[], ["SET bytea_output = 'escape'", "SET standard_conforming_strings = off"]])
+def test_async_core_sends_and_reads_values_as_written(op, settings):
+    """The asynchronous core reads idem_claim's row itself: every column,
+    in either bytea output, and values with quotes and backslashes."""
+    from psycopg_pool import AsyncConnectionPool
+
+    async def configure(conn):
+        for sql in settings:
+            await conn.execute(sql)
+
+    async def main():
+        pool = AsyncConnectionPool("", kwargs={"autocommit": True}, min_size=1, max_size=2, configure=configure)
+        await pool.open()
+        idem = AsyncIdempotency(pool)
+        try:
+            key = "x'); SELECT 1; --\\'\\"
+            call = dict(operation=op + "'\\", tenant="t\\'")
+            body = bytes(range(256)) + b"\\x00'"
+
+            async def handler(conn, ctx):
+                assert isinstance(ctx["token"], str) and ctx["attempt"] == 1
+                return Result(207, [("X-Q", "a'b\\c"), ("X-Q", "2")], body, resource_id="r'\\")
+
+            async def anever(*_):
+                raise AssertionError("must not run")
+
+            first = await idem.run(handler, key, {"n": "it's \\'"}, **call)
+            again = await idem.run(anever, key, {"n": "it's \\'"}, **call)
+            other = await idem.run(anever, key, {"n": "x"}, **call)
+            bad = await idem.run(anever, "caf\u00e9", {}, **call)
+            return first, again, other, bad
+        finally:
+            await idem.drain()
+            await pool.close()
+
+    first, again, other, bad = asyncio.run(main())
+    assert (first.status, again.status, again.replayed) == (207, 207, True)
+    assert again.headers == [("X-Q", "a'b\\c"), ("X-Q", "2"), ("Idempotent-Replayed", "true")]
+    assert again.body == bytes(range(256)) + b"\\x00'"
+    assert (other.status, other.outcome) == (422, "mismatch")
+    assert (bad.status, json.loads(bad.body)["error_code"]) == (400, "IDEMPOTENCY_KEY_INVALID")
+    # the server's primary message, read from its error as psycopg reads it
+    assert json.loads(bad.body)["message"] == "idempotency key must be printable ASCII"
+
+
+def test_async_pipeline_option_is_ignored_with_a_warning():
+    with pytest.warns(DeprecationWarning):
+        idem = AsyncIdempotency(object(), pipeline=True)
+    assert idem.calls.claim("op", "k", None).endswith("idem_claim('op', 'k', NULL)")
