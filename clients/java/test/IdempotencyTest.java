@@ -605,6 +605,19 @@ public final class IdempotencyTest {
         }
     }
 
+    /** Pool.fromEnvironment with more of the driver's properties. */
+    static void driverProperties() throws Exception {
+        Properties more = new Properties();
+        more.setProperty("prepareThreshold", "0");
+        try (Pool pool = Pool.fromEnvironment(1, "idempotency-test-java", more)) {
+            Connection conn = pool.take();
+            int threshold = conn.unwrap(org.postgresql.PGConnection.class).getPrepareThreshold();
+            pool.give(conn, false);
+            check("Pool.fromEnvironment passes more properties to the driver (prepareThreshold=0)",
+                  threshold == 0, threshold);
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         Pool pool = Pool.fromEnvironment(4, "idempotency-test-java");
         Idempotency idem = new Idempotency(pool);
@@ -615,6 +628,7 @@ public final class IdempotencyTest {
             roundTrips("named statements");
             roundTrips("prepareThreshold=0", "prepareThreshold", "0");
             unknownCommitsFirst(pool);
+            driverProperties();
         } catch (Exception | AssertionError e) {
             e.printStackTrace();
             check("the test ran to its end", false, e);
