@@ -11,7 +11,9 @@
 //
 // Round trips over pgx: a new key takes three (BEGIN and the claim in one
 // batch, the handler's statements, the completion and COMMIT in one batch);
-// a retry two (the claim, then COMMIT).
+// a retry one (BEGIN and the claim: the answer does not wait for the COMMIT
+// behind it).  Over database/sql, whose Tx sends BEGIN and COMMIT on their
+// own, a new key takes five and a retry two.
 package idem
 
 import (
@@ -303,6 +305,14 @@ type Pgx struct {
 // attempt), inside the claim's transaction, on its connection.  When it
 // returns an error, everything rolls back and the error is returned (an
 // *Error is answered by the middleware): a retry proceeds.
+//
+// An answer other than proceed is returned as soon as the claim's row
+// arrives: the claim's transaction commits behind it, and its connection
+// goes back to the pool only once that COMMIT is through (closed when it
+// failed), so that no later call gets a connection with a transaction still
+// open.  Only unknown waits for its COMMIT: that claim may itself have
+// written the record unknown (it found an ended lease), and an answer is
+// not sent before the write it reports is committed.
 func (p Pgx) Run(ctx context.Context, c Call,
 	handler func(ctx context.Context, q Querier, a Attempt) (Result, error)) (Response, error) {
 	if bad := checkKey(c.Key); bad != nil {
@@ -313,16 +323,10 @@ func (p Pgx) Run(ctx context.Context, c Call,
 	if err != nil {
 		return Response{}, err
 	}
-	defer conn.Release()
 	open := true
 	defer func() {
 		if open {
-			// a new context: the request's may be what ended
-			rollback, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if _, err := conn.Exec(rollback, "ROLLBACK"); err != nil {
-				conn.Conn().Close(rollback)
-			}
+			end(conn, "ROLLBACK")
 		}
 	}()
 	batch := &pgx.Batch{}
@@ -344,9 +348,13 @@ func (p Pgx) Run(ctx context.Context, c Call,
 		return Response{}, err
 	}
 	if d.Outcome != "proceed" {
-		// a claim that found an ended lease may have made the record unknown
-		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-			return Response{}, err
+		if d.Outcome == "unknown" {
+			if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+				return Response{}, err
+			}
+			conn.Release()
+		} else {
+			go end(conn, "COMMIT")
 		}
 		open = false
 		return answer(&d)
@@ -374,7 +382,21 @@ func (p Pgx) Run(ctx context.Context, c Call,
 		return Response{}, err
 	}
 	open = false
+	conn.Release()
 	return result.response(), nil
+}
+
+// end ends the transaction of a connection with sql (COMMIT or ROLLBACK),
+// then gives the connection back to the pool, which drops it when that
+// failed.  It runs under a context of its own: the request's may be what
+// ended.
+func end(conn *pgxpool.Conn, sql string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		conn.Conn().Close(ctx)
+	}
+	conn.Release()
 }
 
 // External is what an external-call handler gets: its attempt, a context

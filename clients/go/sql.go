@@ -7,7 +7,9 @@ import (
 
 // SQL runs calls over database/sql, with any PostgreSQL driver (pgx's
 // stdlib, lib/pq).  database/sql sends one statement a round trip: BEGIN,
-// the claim, the handler's statements, the completion and COMMIT.
+// the claim, the handler's statements, the completion and COMMIT for a new
+// key (five), BEGIN and the claim for a retry (two: its COMMIT follows the
+// answer, as in Pgx.Run).
 type SQL struct {
 	DB *sql.DB
 }
@@ -19,11 +21,26 @@ func (s SQL) Run(ctx context.Context, c Call,
 		return *bad, nil
 	}
 	query, args := claimSQL(c)
-	tx, err := s.DB.BeginTx(ctx, nil)
+	// The transaction is not the request's context's: database/sql would
+	// roll it back when that context ends, and the COMMIT of an answer
+	// runs after it.  Waiting for a connection, the claim and the
+	// handler's statements are the request's.
+	conn, err := s.DB.Conn(ctx)
 	if err != nil {
 		return Response{}, err
 	}
-	defer tx.Rollback() // does nothing once committed
+	tx, err := conn.BeginTx(context.Background(), nil)
+	if err != nil {
+		conn.Close()
+		return Response{}, err
+	}
+	behind := false // the COMMIT is left to run behind the answer
+	defer func() {
+		if !behind {
+			tx.Rollback() // does nothing once committed
+			conn.Close()
+		}
+	}()
 	var d decision
 	if err := tx.QueryRowContext(ctx, query, args...).Scan(d.targets()...); err != nil {
 		if r := refuse(err); r != nil {
@@ -32,8 +49,15 @@ func (s SQL) Run(ctx context.Context, c Call,
 		return Response{}, err
 	}
 	if d.Outcome != "proceed" {
-		// a claim that found an ended lease may have made the record unknown
-		if err := tx.Commit(); err != nil {
+		// As Pgx.Run: the answer does not wait for the COMMIT, except
+		// unknown's (that claim may have written the record unknown).
+		if d.Outcome != "unknown" {
+			behind = true
+			go func() {
+				tx.Commit()
+				conn.Close()
+			}()
+		} else if err := tx.Commit(); err != nil {
 			return Response{}, err
 		}
 		return answer(&d)

@@ -18,7 +18,11 @@
 //	GO111MODULE=off GOPATH="$PWD/gopath:/usr/share/gocode" go build -o payments_service .
 //
 // Connection settings come from libpq's environment variables, which pgx
-// reads too (PGHOST, PGPORT, PGDATABASE, PGUSER, ...).  Listens on
+// reads too (PGHOST, PGPORT, PGDATABASE, PGUSER, ...).
+// --no-prepared-statements keeps pgx from preparing statements (its
+// statement cache describes them and sends each with unnamed ones), for a
+// pooler in transaction mode that does not carry prepared statements from
+// one transaction to the next (pgbouncer before 1.21).  Listens on
 // 127.0.0.1; `--port 0` picks a free port.  The first line on stdout is
 // "listening on http://127.0.0.1:PORT".
 //
@@ -49,6 +53,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgconn"
+	"github.com/jackc/pgconn/stmtcache"
 	"github.com/jackc/pgx/v4"
 	"github.com/jackc/pgx/v4/pgxpool"
 
@@ -175,6 +181,8 @@ func (l *logged) WriteHeader(status int) { l.status = status; l.ResponseWriter.W
 func main() {
 	port := flag.Int("port", 8000, "the port to listen on (0: a free one)")
 	quiet := flag.Bool("quiet", false, "no access log (errors are logged all the same)")
+	unprepared := flag.Bool("no-prepared-statements", false,
+		"describe statements instead of preparing them (a pooler in transaction mode)")
 	flag.Parse()
 	log.SetFlags(0)
 
@@ -185,6 +193,11 @@ func main() {
 		log.Fatal(err)
 	}
 	config.MaxConns = poolSize
+	if *unprepared {
+		config.ConnConfig.BuildStatementCache = func(conn *pgconn.PgConn) stmtcache.Cache {
+			return stmtcache.New(conn, stmtcache.ModeDescribe, 512)
+		}
+	}
 	pool, err := pgxpool.ConnectConfig(ctx, config)
 	if err != nil {
 		log.Fatal(err)

@@ -18,9 +18,12 @@
  *
  * Connection settings come from libpq's environment variables, read by
  * idempotency.Pool since JDBC does not: PGHOST (a host name or address),
- * PGPORT, PGDATABASE, PGUSER, PGPASSWORD.  Listens on 127.0.0.1; `--port 0`
- * picks a free port.  The first line on stdout is
- * "listening on http://127.0.0.1:PORT".
+ * PGPORT, PGDATABASE, PGUSER, PGPASSWORD.  --no-prepared-statements sets
+ * the driver's prepareThreshold=0, so that it never prepares a named
+ * statement, for a pooler in transaction mode that does not carry prepared
+ * statements from one transaction to the next (pgbouncer before 1.21).
+ * Listens on 127.0.0.1; `--port 0` picks a free port.  The first line on
+ * stdout is "listening on http://127.0.0.1:PORT".
  *
  * For tests, two request headers that are not part of the request (and so
  * not of its fingerprint) make the handler misbehave:
@@ -54,6 +57,7 @@ import java.sql.SQLException;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Properties;
 import java.util.concurrent.Executors;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
@@ -224,18 +228,27 @@ public final class PaymentsService {
     public static void main(String[] args) throws Exception {
         int port = 8000;
         boolean verbose = true;
+        Properties driver = new Properties();
         for (int i = 0; i < args.length; i++) {
             if (args[i].equals("--port") && i + 1 < args.length) {
                 port = Integer.parseInt(args[++i]);
             } else if (args[i].equals("--quiet")) { // no access log; errors are logged all the same
                 verbose = false;
+            } else if (args[i].equals("--no-prepared-statements")) {
+                driver.setProperty("prepareThreshold", "0");
             } else {
-                System.err.println("usage: PaymentsService [--port N] [--quiet]");
+                System.err.println("usage: PaymentsService [--port N] [--no-prepared-statements] [--quiet]");
                 System.exit(2);
             }
         }
-        Pool pool = Pool.fromEnvironment(POOL_SIZE, "idempotency-example-java");
+        Pool pool = Pool.fromEnvironment(POOL_SIZE, "idempotency-example-java", driver);
         Handler handler = new Handler(pool, verbose);
+        // The JDK's server writes the headers and the body of an answer
+        // apart: with Nagle's algorithm on, the body waits for the client's
+        // delayed ACK of the headers (40 ms on Linux) whenever a client
+        // sends its next request on the same connection.  Read when the
+        // server's class loads.
+        System.setProperty("sun.net.httpserver.nodelay", "true");
         // A backlog of 128: 20 clients at once must not overflow it.
         HttpServer server = HttpServer.create(
             new InetSocketAddress(InetAddress.getByName("127.0.0.1"), port), 128);

@@ -15,21 +15,32 @@ import idempotency.IdempotencyFilter;
 import idempotency.Json;
 import idempotency.Pool;
 import java.io.ByteArrayOutputStream;
+import java.io.DataInputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
 import java.lang.reflect.Proxy;
+import java.net.InetAddress;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
+import java.sql.SQLException;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Properties;
 import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicInteger;
 import javax.servlet.FilterChain;
 import javax.servlet.ServletOutputStream;
@@ -305,6 +316,308 @@ public final class IdempotencyTest {
         check("filter: a 5xx is not stored: the retry runs again", crashed.status == 500 && runs.get() == 3, runs);
     }
 
+    /**
+     * Forwards connections to the server, counting round trips: one each
+     * time the client sends after the server did.  hold() holds back the
+     * next COMMIT (a simple query or a statement parsed alone) until
+     * release.
+     */
+    static final class Tap implements AutoCloseable {
+        final ServerSocket listener;
+        private int trips;
+        private boolean serverSpoke;
+        private CountDownLatch held;
+        private CountDownLatch release;
+
+        Tap(String host, int port) throws IOException {
+            listener = new ServerSocket(0, 50, InetAddress.getByName("127.0.0.1"));
+            daemon(() -> {
+                while (true) {
+                    Socket client;
+                    Socket server;
+                    try {
+                        client = listener.accept();
+                    } catch (IOException e) {
+                        return;
+                    }
+                    try {
+                        server = new Socket(host, port);
+                    } catch (IOException e) {
+                        close(client);
+                        continue;
+                    }
+                    daemon(() -> fromServer(server, client));
+                    daemon(() -> fromClient(client, server));
+                }
+            });
+        }
+
+        static void daemon(Runnable r) {
+            Thread t = new Thread(r, "tap");
+            t.setDaemon(true);
+            t.start();
+        }
+
+        static void close(Socket... sockets) {
+            for (Socket s : sockets) {
+                try {
+                    s.close();
+                } catch (IOException e) {
+                    // closing
+                }
+            }
+        }
+
+        synchronized int trips() {
+            return trips;
+        }
+
+        synchronized CountDownLatch[] hold() {
+            held = new CountDownLatch(1);
+            release = new CountDownLatch(1);
+            return new CountDownLatch[] {held, release};
+        }
+
+        void fromServer(Socket server, Socket client) {
+            try {
+                InputStream in = server.getInputStream();
+                OutputStream out = client.getOutputStream();
+                byte[] buf = new byte[32 << 10];
+                for (int n; (n = in.read(buf)) > 0;) {
+                    synchronized (this) {
+                        serverSpoke = true;
+                    }
+                    out.write(buf, 0, n);
+                }
+            } catch (IOException e) {
+                // a side closed
+            } finally {
+                close(server, client);
+            }
+        }
+
+        /** The client's messages one by one: the startup message (and an SSL or GSS request before it) has no type byte. */
+        void fromClient(Socket client, Socket server) {
+            try {
+                DataInputStream in = new DataInputStream(client.getInputStream());
+                OutputStream out = server.getOutputStream();
+                boolean typed = false;
+                Map<String, String> named = new HashMap<>();
+                while (true) {
+                    int type = typed ? in.readUnsignedByte() : -1;
+                    int length = in.readInt();
+                    byte[] body = new byte[length - 4];
+                    in.readFully(body);
+                    if (!typed) {
+                        int code = ByteBuffer.wrap(body).getInt();
+                        typed = code != 80877103 && code != 80877104;
+                    } else if (isCommit(type, body, named)) {
+                        CountDownLatch h;
+                        CountDownLatch r;
+                        synchronized (this) {
+                            h = held;
+                            r = release;
+                            held = null;
+                        }
+                        if (h != null) {
+                            h.countDown();
+                            r.await();
+                        }
+                    }
+                    synchronized (this) {
+                        if (serverSpoke) {
+                            trips++;
+                            serverSpoke = false;
+                        }
+                    }
+                    ByteBuffer msg = ByteBuffer.allocate(length + (type < 0 ? 0 : 1));
+                    if (type >= 0) {
+                        msg.put((byte) type);
+                    }
+                    out.write(msg.putInt(length).put(body).array());
+                }
+            } catch (IOException | InterruptedException e) {
+                // a side closed
+            } finally {
+                close(client, server);
+            }
+        }
+
+        /** A COMMIT: a simple query, a statement parsed without a name, or a named one bound. */
+        static boolean isCommit(int type, byte[] body, Map<String, String> named) {
+            String[] strings = new String(body, StandardCharsets.UTF_8).split("\0", 3);
+            switch (type) {
+                case 'Q':
+                    return strings[0].equals("COMMIT");
+                case 'P': // the statement's name, then its text
+                    if (!strings[0].isEmpty()) {
+                        named.put(strings[0], strings[1]);
+                    }
+                    return strings[0].isEmpty() && strings[1].equals("COMMIT");
+                case 'B': // the portal, then the statement's name
+                    return "COMMIT".equals(named.get(strings[1]));
+                default:
+                    return false;
+            }
+        }
+
+        @Override
+        public void close() throws IOException {
+            listener.close();
+        }
+    }
+
+    /** A pool's connections, counting those taken and not yet given back. */
+    static final class Counted implements Idempotency.Connections {
+        final Pool pool;
+        final AtomicInteger out = new AtomicInteger();
+
+        Counted(Pool pool) {
+            this.pool = pool;
+        }
+
+        @Override
+        public Connection take() throws SQLException {
+            Connection conn = pool.take();
+            out.incrementAndGet();
+            return conn;
+        }
+
+        @Override
+        public void give(Connection conn, boolean broken) {
+            pool.give(conn, broken);
+            out.decrementAndGet();
+        }
+
+        /** Waits until every connection is back, 20 s at most. */
+        boolean idle() {
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+            while (out.get() != 0 && System.nanoTime() < deadline) {
+                sleep(1);
+            }
+            return out.get() == 0;
+        }
+    }
+
+    /** A pool of one connection through a tap, with more driver properties. */
+    static Pool tapped(Tap tap, String... more) {
+        Properties props = new Properties();
+        props.setProperty("user", System.getenv().getOrDefault("PGUSER", System.getProperty("user.name")));
+        props.setProperty("sslmode", "disable");
+        for (int i = 0; i + 1 < more.length; i += 2) {
+            props.setProperty(more[i], more[i + 1]);
+        }
+        String db = System.getenv().getOrDefault("PGDATABASE", props.getProperty("user"));
+        return new Pool("jdbc:postgresql://127.0.0.1:" + tap.listener.getLocalPort() + "/" + db, props, 1);
+    }
+
+    /**
+     * Round trips through a tap, with named statements once a statement ran
+     * five times (the driver's default) and with none (prepareThreshold=0,
+     * for a pooler in transaction mode).
+     */
+    static void roundTrips(String name, String... more) throws Exception {
+        String host = System.getenv().getOrDefault("PGHOST", "localhost");
+        int port = Integer.parseInt(System.getenv().getOrDefault("PGPORT", "5432"));
+        try (Tap tap = new Tap(host, port); Pool pool = tapped(tap, more)) {
+            Counted conns = new Counted(pool);
+            Idempotency idem = new Idempotency(conns);
+            String op = op("trips." + name);
+            for (int i = 0; i < 6; i++) { // the driver prepares a statement at its fifth run
+                Call c = Call.of(op, UUID.randomUUID().toString(), "{\"amount\": 20}");
+                idem.run(c, (conn, a) -> pay(conn, a, 20));
+                idem.run(c, NEVER);
+                conns.idle();
+            }
+            Call c = Call.of(op, UUID.randomUUID().toString(), "{\"amount\": 20}");
+            int before = tap.trips();
+            Response first = idem.run(c, (conn, a) -> pay(conn, a, 20));
+            int n = tap.trips() - before;
+            check(name + ": a new key is three round trips", first.status() == 201 && n == 3, n);
+
+            CountDownLatch[] hold = tap.hold();
+            before = tap.trips();
+            CompletableFuture<Response> replay = CompletableFuture.supplyAsync(() -> {
+                try {
+                    return idem.run(c, NEVER);
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+            });
+            Response again;
+            try {
+                again = replay.get(20, TimeUnit.SECONDS);
+            } catch (TimeoutException e) {
+                hold[1].countDown();
+                again = null;
+            }
+            n = tap.trips() - before;
+            check(name + ": a replay is answered after one round trip, before its COMMIT",
+                  again != null && again.replayed() && n == 1, n + " " + again);
+            boolean held = hold[0].await(20, TimeUnit.SECONDS);
+            check(name + "  ... which follows it; the connection is given back after it",
+                  held && conns.out.get() == 1, held + " " + conns.out.get());
+            hold[1].countDown();
+            check(name + "  ... and is given back", conns.idle() && tap.trips() - before == 2, tap.trips() - before);
+        }
+    }
+
+    /**
+     * A claim that finds an ended lease writes the record unknown: that
+     * answer waits for its COMMIT, and the connection is back when it is
+     * returned.
+     */
+    static void unknownCommitsFirst(Pool direct) throws Exception {
+        String host = System.getenv().getOrDefault("PGHOST", "localhost");
+        int port = Integer.parseInt(System.getenv().getOrDefault("PGPORT", "5432"));
+        String key = UUID.randomUUID().toString();
+        Call c = Call.of(op("unknown"), key, "{}");
+        Connection conn = direct.take();
+        try (PreparedStatement ps = conn.prepareStatement(
+                "SELECT outcome FROM idem_claim(?, ?, '{}', lease => '1 millisecond'), pg_sleep(0.01)")) {
+            ps.setString(1, c.operation());
+            ps.setString(2, key);
+            ps.executeQuery().close();
+            conn.commit(); // a lease of 1 ms, over once 10 ms have passed
+        } finally {
+            direct.give(conn, false);
+        }
+        try (Tap tap = new Tap(host, port); Pool pool = tapped(tap)) {
+            Counted conns = new Counted(pool);
+            Idempotency idem = new Idempotency(conns);
+            CountDownLatch[] hold = tap.hold();
+            CompletableFuture<Object[]> run = CompletableFuture.supplyAsync(() -> {
+                try {
+                    Response r = idem.run(c, NEVER);
+                    return new Object[] {r, conns.out.get()};
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+            });
+            boolean held = hold[0].await(20, TimeUnit.SECONDS);
+            hold[1].countDown();
+            Object[] got = run.get(30, TimeUnit.SECONDS);
+            check("unknown: the answer waits for the COMMIT of the claim that wrote it",
+                  held && "unknown".equals(((Response) got[0]).outcome()) && (Integer) got[1] == 0,
+                  held + " " + got[0] + " " + got[1]);
+            Response next = idem.run(c, NEVER);
+            check("  ... and the next claim finds it unknown", "unknown".equals(next.outcome()), next);
+        }
+    }
+
+    /** Pool.fromEnvironment with more of the driver's properties. */
+    static void driverProperties() throws Exception {
+        Properties more = new Properties();
+        more.setProperty("prepareThreshold", "0");
+        try (Pool pool = Pool.fromEnvironment(1, "idempotency-test-java", more)) {
+            Connection conn = pool.take();
+            int threshold = conn.unwrap(org.postgresql.PGConnection.class).getPrepareThreshold();
+            pool.give(conn, false);
+            check("Pool.fromEnvironment passes more properties to the driver (prepareThreshold=0)",
+                  threshold == 0, threshold);
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         Pool pool = Pool.fromEnvironment(4, "idempotency-test-java");
         Idempotency idem = new Idempotency(pool);
@@ -312,6 +625,10 @@ public final class IdempotencyTest {
             core(pool, idem);
             external(idem);
             filter(idem);
+            roundTrips("named statements");
+            roundTrips("prepareThreshold=0", "prepareThreshold", "0");
+            unknownCommitsFirst(pool);
+            driverProperties();
         } catch (Exception | AssertionError e) {
             e.printStackTrace();
             check("the test ran to its end", false, e);

@@ -11,7 +11,8 @@
  *
  * Round trips: a new key takes three (the claim, which the driver sends
  * with its BEGIN; the handler's statements; the completion and COMMIT in
- * one execute), a retry two (the claim, then COMMIT).
+ * one execute), a retry one (the claim: its answer does not wait for the
+ * COMMIT behind it).
  */
 package idempotency;
 
@@ -26,6 +27,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
@@ -174,6 +176,12 @@ public final class Idempotency {
         + " body::text, error_code, retry_after, raw_body";
 
     private final Connections connections;
+    /** Where the COMMIT behind an answer runs, and its connection is given back. */
+    private final ExecutorService behind = Executors.newCachedThreadPool(r -> {
+        Thread t = new Thread(r, "idempotency-commit");
+        t.setDaemon(true);
+        return t;
+    });
     private final ScheduledExecutorService heartbeats = Executors.newSingleThreadScheduledExecutor(r -> {
         Thread t = new Thread(r, "idempotency-heartbeat");
         t.setDaemon(true);
@@ -328,6 +336,15 @@ public final class Idempotency {
      * One transaction.  When the handler throws, everything rolls back and
      * the exception goes on (an HttpError is the caller's to answer): a
      * retry proceeds.
+     *
+     * An answer other than proceed is returned as soon as the claim's row
+     * arrives: the claim's transaction commits behind it, on another
+     * thread, and its connection is given back only once that COMMIT is
+     * through (as broken when it failed), so that no later call gets a
+     * connection with a transaction still open.  Only unknown waits for its
+     * COMMIT: that claim may itself have written the record unknown (it
+     * found an ended lease), and an answer is not sent before the write it
+     * reports is committed.
      */
     public Response run(Call call, Handler handler) throws Exception {
         if (call.key() == null) {
@@ -335,6 +352,7 @@ public final class Idempotency {
         }
         Connection conn = connections.take();
         boolean done = false;
+        boolean handedOver = false;
         try {
             Decision d;
             try (PreparedStatement ps = claim(conn, call)) {
@@ -346,10 +364,27 @@ public final class Idempotency {
                 }
                 return r;
             }
-            if (!d.outcome().equals("proceed")) {
-                conn.commit(); // a claim that found an ended lease may have made the record unknown
+            if (d.outcome().equals("unknown")) {
+                conn.commit();
                 done = true;
                 return answer(d);
+            }
+            if (!d.outcome().equals("proceed")) {
+                Response r = answer(d);
+                Connection claimed = conn;
+                behind.execute(() -> {
+                    boolean committed = false;
+                    try {
+                        claimed.commit();
+                        committed = true;
+                    } catch (SQLException e) {
+                        // rolled back when given back, closed when that fails too
+                    } finally {
+                        release(claimed, committed);
+                    }
+                });
+                handedOver = true;
+                return r;
             }
             Result result = handler.handle(conn, d.attemptOf(call.key()));
             try (PreparedStatement ps = finish(conn, d.token(), result, ";COMMIT")) {
@@ -358,7 +393,9 @@ public final class Idempotency {
             done = true;
             return result.response();
         } finally {
-            release(conn, done);
+            if (!handedOver) {
+                release(conn, done);
+            }
         }
     }
 

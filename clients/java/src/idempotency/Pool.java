@@ -35,6 +35,16 @@ public final class Pool implements Idempotency.Connections, AutoCloseable {
      * PGUSER, PGPASSWORD.
      */
     public static Pool fromEnvironment(int size, String applicationName) {
+        return fromEnvironment(size, applicationName, new Properties());
+    }
+
+    /**
+     * The same, with more of the driver's properties: behind a pooler in
+     * transaction mode that does not carry prepared statements from one
+     * transaction to the next (pgbouncer before 1.21), prepareThreshold=0,
+     * so that the driver never prepares a named statement.
+     */
+    public static Pool fromEnvironment(int size, String applicationName, Properties more) {
         String host = System.getenv().getOrDefault("PGHOST", "localhost");
         if (host.isEmpty() || host.startsWith("/")) {
             throw new IllegalArgumentException(
@@ -52,6 +62,7 @@ public final class Pool implements Idempotency.Connections, AutoCloseable {
             props.setProperty("password", password);
         }
         props.setProperty("ApplicationName", applicationName);
+        props.putAll(more);
         return new Pool(url, props, size);
     }
 
