@@ -4,7 +4,9 @@
 //   node load.js URL new|replay SECONDS CONNECTIONS
 //
 // new: every request a key of its own; replay: KEYS (200) keys are paid
-// once first, then requests cycle through them.  Prints one JSON line:
+// once first, then requests cycle through them.  The body differs per key
+// (its amount), as real requests do: a retry sends its key's body again.
+// Prints one JSON line:
 // {"rps": ..., "p50": ms, "p99": ms, "non2xx": n, "errors": n}.
 'use strict';
 
@@ -12,13 +14,13 @@ const autocannon = require('autocannon');
 const { randomUUID } = require('node:crypto');
 
 const [url, mode, seconds, connections] = process.argv.slice(2);
-const body = JSON.stringify({ amount: 1250, currency: 'EUR' });
+const bodyOf = (n) => JSON.stringify({ amount: 1000 + (n % 900000), currency: 'EUR' });
 const prefix = randomUUID();
 const KEYS = 200;
 
-async function payOnce(key) {
+async function payOnce(key, n) {
   const res = await fetch(`${url}/payments`, {
-    method: 'POST', body, headers: { 'Content-Type': 'application/json', 'Idempotency-Key': key },
+    method: 'POST', body: bodyOf(n), headers: { 'Content-Type': 'application/json', 'Idempotency-Key': key },
   });
   await res.arrayBuffer();
   if (res.status !== 201) throw new Error(`setup: ${res.status}`);
@@ -27,7 +29,7 @@ async function payOnce(key) {
 async function main() {
   let n = 0;
   if (mode === 'replay') {
-    for (let i = 0; i < KEYS; i++) await payOnce(`${prefix}-${i}`);
+    for (let i = 0; i < KEYS; i++) await payOnce(`${prefix}-${i}`, i);
   }
   const result = await autocannon({
     url: `${url}/payments`,
@@ -35,11 +37,11 @@ async function main() {
     connections: Number(connections),
     duration: Number(seconds),
     headers: { 'Content-Type': 'application/json' },
-    body,
+    body: bodyOf(0),
     requests: [{
       setupRequest: (req) => {
-        const key = mode === 'replay' ? `${prefix}-${n++ % KEYS}` : `${prefix}-${n++}`;
-        return { ...req, headers: { ...req.headers, 'Idempotency-Key': key } };
+        const i = mode === 'replay' ? n++ % KEYS : n++;
+        return { ...req, body: bodyOf(i), headers: { ...req.headers, 'Idempotency-Key': `${prefix}-${i}` } };
       },
     }],
   });
