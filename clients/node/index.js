@@ -244,6 +244,11 @@ class Idempotency {
     // Whether run() prepares its statements; false once a pooler was seen.
     this.preparedStatements = Boolean(preparedStatements);
     this.statementSets = new Map(); // the claim's options present -> its statement set
+    // Clients whose replay's transaction (read-only) is still open: the next
+    // claim takes one and sends COMMIT in front of its BEGIN; the rest are
+    // committed and released within a millisecond.
+    this.parked = [];
+    this.parkTimer = null;
   }
 
   // A call with the instance's defaults, its values as literals: args, the
@@ -338,10 +343,13 @@ class Idempotency {
   // statement set the transaction goes on with, null for none].  A prepared
   // claim that the server connection does not have (26000) did nothing:
   // rolled back, and sent again unprepared, as every later call is.
-  async claimOn(client, set, args, shape) {
+  // With pending, the client's transaction is a replay's still open: its
+  // COMMIT goes in front.
+  async claimOn(client, set, args, shape, pending) {
+    const commit = pending ? 'COMMIT;' : '';
     if (set !== null) {
       try {
-        return [(await client.query(`BEGIN;EXECUTE ${set.claim}(${args.join(', ')})`))[1].rows[0], set];
+        return [(await client.query(`${commit}BEGIN;EXECUTE ${set.claim}(${args.join(', ')})`)).at(-1).rows[0], set];
       } catch (err) {
         if (err.code !== NOT_PREPARED) throw err;
         await client.query('ROLLBACK');
@@ -349,7 +357,39 @@ class Idempotency {
         this.preparedStatements = false;
       }
     }
-    return [(await client.query(`BEGIN;${this.claimSelect(args, shape, true)}`))[1].rows[0], null];
+    return [(await client.query(`${commit}BEGIN;${this.claimSelect(args, shape, true)}`)).at(-1).rows[0], null];
+  }
+
+  // A replay's client, its read-only transaction open (idem_claim's replay
+  // writes nothing, locks no row): kept for the next claim, which commits
+  // it in the same round trip as its own BEGIN, instead of a COMMIT of its
+  // own; committed and released after a millisecond if no claim comes.
+  park(client) {
+    this.parked.push(client);
+    if (this.parkTimer === null) this.parkTimer = setTimeout(() => this.unpark(), 1);
+  }
+
+  // Commit the parked clients' transactions and release them.
+  unpark() {
+    this.parkTimer = null;
+    for (const client of this.parked.splice(0)) Idempotency.commitAndRelease(client);
+  }
+
+  static commitAndRelease(client) {
+    client.query('COMMIT').then(() => client.release(), (err) => client.release(err));
+  }
+
+  // A parked client that can run the claim of this shape as it is (with its
+  // statements prepared, when they are to be), or null.
+  takeParked(shape) {
+    while (this.parked.length > 0) {
+      const client = this.parked.pop();
+      if (!this.preparedStatements) return client;
+      const names = preparedOn.get(client);
+      if (names !== undefined && names.has(this.statementSet(shape).base)) return client;
+      Idempotency.commitAndRelease(client);
+    }
+    return null;
   }
 
   // The completion of an attempt with the handler's response: the EXECUTE
@@ -399,23 +439,27 @@ class Idempotency {
     const bad = Idempotency.checkKey(call.key);
     if (bad) return { ...bad, outcome: null, replayed: false };
     const { args, shape } = this.claimArguments(call);
-    const client = await this.pool.connect();
+    let client = this.takeParked(shape);
+    const pending = client !== null;
+    if (!pending) client = await this.pool.connect();
     let open = true;
     let broken;
     try {
       let decision;
       let set;
       try {
-        [decision, set] = await this.claimOn(client, await this.prepareOn(client, shape), args, shape);
+        [decision, set] = await this.claimOn(client, await this.prepareOn(client, shape), args, shape, pending);
       } catch (err) {
         return { ...Idempotency.claimError(err), outcome: null, replayed: false };
       }
       if (decision.outcome !== 'proceed') {
         // Answered now; the claim's transaction commits behind the answer
         // (a claim that found an ended lease may have made the record
-        // unknown), before the client goes back to the pool.
+        // unknown), before the client goes back to the pool; a replay's,
+        // which wrote nothing, with the next claim's BEGIN.
         open = false;
-        client.query('COMMIT').then(() => client.release(), (err) => client.release(err));
+        if (decision.outcome === 'replay') this.park(client);
+        else Idempotency.commitAndRelease(client);
         return answer(decision);
       }
       const ctx = {

@@ -55,7 +55,9 @@ const pay = (amount) => async (client, ctx) => {
 // (a new wrapper at each connect, as a library sees a pooler's server
 // connections that it cannot tell apart).  from: the pool to draw on.
 function countingPool({ from = pool, fresh = false } = {}) {
-  const counted = { queries: [] };
+  const counted = { queries: [], releases: 0, onRelease: () => {} };
+  // resolves at the next release of a client
+  counted.released = () => new Promise((resolve) => { counted.onRelease = resolve; });
   const wrappers = new Map();
   counted.connect = async () => {
     const client = await from.connect();
@@ -63,7 +65,11 @@ function countingPool({ from = pool, fresh = false } = {}) {
     if (wrapper === undefined) {
       wrapper = {
         query: (...args) => { counted.queries.push(args[0]); return client.query(...args); },
-        release: (err) => client.release(err),
+        release: (err) => {
+          client.release(err);
+          counted.releases++;
+          counted.onRelease();
+        },
       };
       wrappers.set(client, wrapper);
     }
@@ -261,16 +267,69 @@ test('round trips: a new key is two queries besides the handler\'s, a replay one
     await i.run({ ...call, key: randomUUID() }, pay(16));
     assert.equal(counted.queries.length, 3, counted.queries.join('\n'));
     assert.match(counted.queries[0], /^BEGIN;EXECUTE /);
+    // a replay: the claim, answered; its transaction (read-only) is
+    // committed by the next claim, in front of its BEGIN
     counted.queries.length = 0;
     const r = await i.run(call, () => { throw new Error('must not run'); });
     assert.equal(r.outcome, 'replay');
-    assert.equal(counted.queries.length, 2); // the claim, then the COMMIT sent behind the answer
-    assert.equal(counted.queries[1], 'COMMIT');
+    assert.equal(counted.queries.length, 1);
+    const next = await i.run({ ...call, key: randomUUID() }, pay(16));
+    assert.equal(next.status, 201);
+    assert.equal(counted.queries.length, 4, counted.queries.join('\n'));
+    assert.match(counted.queries[1], /^COMMIT;BEGIN;EXECUTE /);
+    // ... or on its own when no claim comes
+    counted.queries.length = 0;
+    const released = counted.released();
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    await released;
+    assert.deepEqual(counted.queries.slice(1), ['COMMIT']);
     // another instance with the same options shares the connection's statements
     counted.queries.length = 0;
     await new Idempotency(counted).run({ ...call, key: randomUUID() }, pay(16));
     assert.equal(counted.queries.length, 3, counted.queries.join('\n'));
     assert.equal(i.preparedStatements, true);
+    // nothing is left open on the connection
+    const { rows: [{ own }] } = await one.query(
+      'SELECT xact_start = query_start AS own FROM pg_stat_activity WHERE pid = pg_backend_pid()');
+    assert.equal(own, true);
+  } finally {
+    await one.end();
+  }
+});
+
+test('a replay\'s open transaction: the next claim commits it, with any options, and an error there keeps nothing of the next', async () => {
+  const one = new Pool({ max: 1 });
+  try {
+    const counted = countingPool({ from: one });
+    const i = new Idempotency(counted);
+    const call = { operation: op('parked'), key: randomUUID(), request: { amount: 17 } };
+    assert.equal((await i.run(call, pay(17))).status, 201);
+    // a replay, then a claim with options not prepared yet on the connection:
+    // the replay's transaction is committed on its own first
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    counted.queries.length = 0;
+    const tenant = { ...call, key: randomUUID(), tenant: 'other' };
+    assert.equal((await i.run(tenant, pay(17))).status, 201);
+    assert.deepEqual(counted.queries.map((q) => q.slice(0, 13)),
+      ['COMMIT', 'PREPARE idem_', 'BEGIN;EXECUTE', 'INSERT INTO p', 'EXECUTE idem_']);
+    // a replay, then a claim that refuses its key: 400, and the connection goes on
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    counted.queries.length = 0;
+    const bad = await i.run({ ...call, key: '' }, () => { throw new Error('must not run'); });
+    assert.equal(bad.status, 400);
+    assert.match(counted.queries[0], /^COMMIT;BEGIN;EXECUTE /);
+    assert.equal(counted.queries[1], 'ROLLBACK');
+    // a replay, then a claim whose handler throws after its write: nothing kept
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    const key = randomUUID();
+    await assert.rejects(i.run({ ...call, key }, async (client, ctx) => {
+      await pay(17)(client, ctx);
+      throw new Error('boom');
+    }), /boom/);
+    assert.equal(await paymentsFor(key), 0);
+    assert.equal((await i.run({ ...call, key }, pay(17))).status, 201);
+    assert.equal(await paymentsFor(key), 1);
+    assert.equal(await paymentsFor(call.key), 1);
   } finally {
     await one.end();
   }
