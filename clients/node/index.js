@@ -17,9 +17,10 @@
 //
 // Round trips of run(): a new key takes three (BEGIN with the claim, the
 // handler's own statements, the completion with COMMIT), a retry one (the
-// answer is returned as soon as the claim is; the COMMIT of the claim's
-// transaction follows on the same connection before it goes back to the
-// pool).  To fold statements into one query string the values are written
+// answer is returned as soon as the claim is; the replay's transaction,
+// which wrote nothing, is committed by the next claim on the connection,
+// COMMIT;BEGIN;EXECUTE in one round trip, or by a COMMIT of its own after a
+// millisecond).  To fold statements into one query string the values are written
 // into the SQL as literals, quoted as libpq's PQescapeLiteral does, which is
 // exact for UTF-8, the only client encoding node-postgres speaks.
 //
