@@ -248,8 +248,9 @@ class Idempotency {
     // Clients whose replay's transaction (read-only) is still open: the next
     // claim takes one and sends COMMIT in front of its BEGIN; the rest are
     // committed and released within a millisecond.
-    this.parked = [];
+    this.parked = []; // [client, its 'error' listener]
     this.parkTimer = null;
+    this.parkMillis = 1;
   }
 
   // A call with the instance's defaults, its values as literals: args, the
@@ -365,15 +366,34 @@ class Idempotency {
   // writes nothing, locks no row): kept for the next claim, which commits
   // it in the same round trip as its own BEGIN, instead of a COMMIT of its
   // own; committed and released after a millisecond if no claim comes.
+  // While parked, no query is running on the client: an error of its
+  // connection (the server ended it) comes as an 'error' event, which the
+  // pool does not listen to on a client it handed out; it is caught here and
+  // the client released as broken.
   park(client) {
-    this.parked.push(client);
-    if (this.parkTimer === null) this.parkTimer = setTimeout(() => this.unpark(), 1);
+    const onError = (err) => {
+      const i = this.parked.findIndex(([c]) => c === client);
+      if (i >= 0) this.parked.splice(i, 1);
+      client.removeListener('error', onError);
+      client.on('error', () => {}); // later errors of the same broken connection
+      client.release(err);
+    };
+    if (typeof client.on === 'function') client.on('error', onError);
+    this.parked.push([client, onError]);
+    if (this.parkTimer === null) this.parkTimer = setTimeout(() => this.unpark(), this.parkMillis);
+  }
+
+  // A parked client back in use: its 'error' listener removed.
+  static unparked([client, onError]) {
+    if (typeof client.removeListener === 'function') client.removeListener('error', onError);
+    return client;
   }
 
   // Commit the parked clients' transactions and release them.
   unpark() {
+    clearTimeout(this.parkTimer);
     this.parkTimer = null;
-    for (const client of this.parked.splice(0)) Idempotency.commitAndRelease(client);
+    for (const entry of this.parked.splice(0)) Idempotency.commitAndRelease(Idempotency.unparked(entry));
   }
 
   static commitAndRelease(client) {
@@ -384,7 +404,7 @@ class Idempotency {
   // statements prepared, when they are to be), or null.
   takeParked(shape) {
     while (this.parked.length > 0) {
-      const client = this.parked.pop();
+      const client = Idempotency.unparked(this.parked.pop());
       if (!this.preparedStatements) return client;
       const names = preparedOn.get(client);
       if (names !== undefined && names.has(this.statementSet(shape).base)) return client;

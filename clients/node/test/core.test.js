@@ -70,6 +70,8 @@ function countingPool({ from = pool, fresh = false } = {}) {
           counted.releases++;
           counted.onRelease();
         },
+        on: (...args) => client.on(...args),
+        removeListener: (...args) => client.removeListener(...args),
       };
       wrappers.set(client, wrapper);
     }
@@ -331,6 +333,34 @@ test('a replay\'s open transaction: the next claim commits it, with any options,
     assert.equal(await paymentsFor(key), 1);
     assert.equal(await paymentsFor(call.key), 1);
   } finally {
+    await one.end();
+  }
+});
+
+test('a replay\'s connection ended by the server while it waits for the next claim: released as broken, no crash', async () => {
+  const one = new Pool({ max: 1 });
+  const admin = new Client();
+  await admin.connect();
+  const i = new Idempotency(one);
+  try {
+    i.parkMillis = 600000; // kept until a claim comes: the error must be what releases it
+    const call = { operation: op('parkedend'), key: randomUUID(), request: { amount: 18 } };
+    assert.equal((await i.run(call, pay(18))).status, 201);
+    const { rows: [{ pid }] } = await one.query('SELECT pg_backend_pid() AS pid');
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    const released = new Promise((resolve) => one.once('release', (err) => resolve(err)));
+    await admin.query('SELECT pg_terminate_backend($1)', [pid]);
+    const err = await released;
+    assert.ok(err, 'released with the connection\'s error');
+    assert.equal(i.parked.length, 0);
+    // the next claim gets a new connection, prepared anew
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    const r = await i.run({ ...call, key: randomUUID() }, pay(18));
+    assert.equal(r.status, 201);
+    assert.equal(i.preparedStatements, true);
+  } finally {
+    i.unpark(); // the last replay's, kept for 600 s otherwise
+    await admin.end();
     await one.end();
   }
 });
