@@ -29,7 +29,9 @@
 #
 # Environment: PG_CONFIG, KEEP_TMP=1 (scripts/lib.sh); ROUNDS 3,
 # RUN_SECONDS 10, WARMUP_SECONDS 2, CONNECTIONS 16; REPORT=file (also write
-# the report there).
+# the report there); VARIANTS, an extended regular expression: only the
+# services whose "framework|name" matches it run (VARIANTS='^node-' for
+# Node.js's, 'node-http\|(none|library)$' for two).
 set -euo pipefail
 . "$(dirname "$0")/../../scripts/lib.sh"
 
@@ -86,6 +88,16 @@ if handwritten examples/node/server.js @idempotency/pg "$IDEM_TMP/handwritten.js
 fi
 if handwritten examples/python/payments_service.py idempotency_pg "$IDEM_TMP/handwritten_service.py"; then
     variants+=("python-asgi|handwritten|/usr/bin/python3 $IDEM_TMP/handwritten_service.py --quiet")
+fi
+
+if [ -n "${VARIANTS:-}" ]; then
+    chosen=()
+    for v in "${variants[@]}"; do
+        IFS='|' read -r framework name _ <<<"$v"
+        if printf '%s|%s\n' "$framework" "$name" | grep -Eq -- "$VARIANTS"; then chosen+=("$v"); fi
+    done
+    [ ${#chosen[@]} -gt 0 ] || { log "VARIANTS=$VARIANTS matches no service"; exit 1; }
+    variants=("${chosen[@]}")
 fi
 
 # measure ROUND FRAMEWORK NAME COMMAND: start the service, load it, stop it.

@@ -78,10 +78,18 @@ export interface ExternalContext extends AttemptContext {
 export interface IdempotencyOptions extends ClaimOptions {
   /** The extension's schema, when it is not on the search_path. */
   schema?: string;
+  /**
+   * Prepare the claim and the completions once per connection (default true);
+   * turned off for good at the first sign of a pooler that moves the client
+   * between server connections (pgbouncer in transaction mode). false: never.
+   */
+  preparedStatements?: boolean;
 }
 
 export class Idempotency {
   constructor(pool: Pool, options?: IdempotencyOptions);
+  /** Whether run() prepares its statements: false once a pooler was seen, or when set so. */
+  preparedStatements: boolean;
   run(call: Call, handler: (client: PoolClient, ctx: AttemptContext) => Promise<HandlerResult> | HandlerResult): Promise<Response>;
   runExternal(call: Call & { lease?: number }, handler: (ctx: ExternalContext) => Promise<HandlerResult> | HandlerResult): Promise<Response>;
   claimSql(call: Call): string;

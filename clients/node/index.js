@@ -17,18 +17,37 @@
 //
 // Round trips of run(): a new key takes three (BEGIN with the claim, the
 // handler's own statements, the completion with COMMIT), a retry one (the
-// answer is returned as soon as the claim is; the COMMIT of the claim's
-// transaction follows on the same connection before it goes back to the
-// pool).  To fold statements into one query string the values are written
+// answer is returned as soon as the claim is; the replay's transaction,
+// which wrote nothing, is committed by the next claim on the connection,
+// COMMIT;BEGIN;EXECUTE in one round trip, or by a COMMIT of its own after a
+// millisecond).  To fold statements into one query string the values are written
 // into the SQL as literals, quoted as libpq's PQescapeLiteral does, which is
 // exact for UTF-8, the only client encoding node-postgres speaks.
+//
+// Plans are kept per connection: the claim, idem_complete and idem_fail are
+// PREPAREd together, once per physical connection (and shape of the claim's
+// options), and run() sends `BEGIN;EXECUTE ...(literals)` and
+// `EXECUTE ...(literals);COMMIT`, which the server neither parses nor plans
+// again.  Behind a pooler that moves a client between server connections
+// (pgbouncer in transaction mode, which keeps no prepared statements), a
+// statement prepared on one server connection is missing on the next: the
+// first sign of it (SQLSTATE 26000 at the claim, the transaction's first
+// statement, with nothing written yet; or 42P05 at a PREPARE) rolls back,
+// and the instance goes on unprepared for good.  preparedStatements: false
+// never prepares.
 'use strict';
+
+const { createHash } = require('node:crypto');
 
 // SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
 const BAD_KEY = new Set(['22023', '22004']);
 // The request was not JSON that jsonb accepts (a \u0000 escape, say).
 const BAD_REQUEST = new Set(['22P02', '22P05']);
 const STALE_TOKEN = '55000';
+// A prepared statement missing (26000), or one of that name already there
+// (42P05): the connection is not the one the statements were prepared on.
+const NOT_PREPARED = '26000';
+const ALREADY_PREPARED = '42P05';
 
 const JSON_TYPE = ['Content-Type', 'application/json'];
 const EMPTY = Buffer.alloc(0);
@@ -189,50 +208,224 @@ function toResponse(result) {
   };
 }
 
+// The claim's options: the call's name, idem_claim's argument, its type,
+// the quoting of a value.
 const claimOptions = [
-  ['tenant', 'tenant', literal], ['caller', 'caller', literal], ['ttl', 'ttl', interval],
-  ['lease', 'lease', interval], ['wait', 'wait', interval],
-  ['onLeaseExpiry', 'on_lease_expiry', literal], ['onExpired', 'on_expired', literal],
+  ['tenant', 'tenant', 'text', literal], ['caller', 'caller', 'text', literal],
+  ['ttl', 'ttl', 'interval', interval], ['lease', 'lease', 'interval', interval],
+  ['wait', 'wait', 'interval', interval],
+  ['onLeaseExpiry', 'on_lease_expiry', 'text', literal], ['onExpired', 'on_expired', 'text', literal],
 ];
+
+// The statements prepared on each physical connection: the client object
+// (pg.Pool hands out the same one for a connection) -> the names of the
+// statement sets prepared on it.
+const preparedOn = new WeakMap();
+
+// bytea as a literal in hex: '\x...' read the same whatever
+// standard_conforming_strings says.
+const byteaLiteral = (buffer) => `E'\\\\x${buffer.toString('hex')}'`;
 
 class Idempotency {
   // pool: a pg.Pool (anything with connect() and query()).  options: the
   // defaults of every call (operation, tenant, caller, ttl, lease, wait,
-  // onLeaseExpiry, onExpired) and schema, the extension's schema when it is
-  // not on the search_path.  Durations are milliseconds or interval text.
+  // onLeaseExpiry, onExpired), schema (the extension's schema when it is not
+  // on the search_path) and preparedStatements (default true: prepared per
+  // connection, unprepared for good at the first sign of a pooler that
+  // moves the client between server connections; false: never prepared).
+  // Durations are milliseconds or interval text.
   constructor(pool, options = {}) {
     if (!pool || typeof pool.connect !== 'function' || typeof pool.query !== 'function') {
       throw new TypeError('new Idempotency(pool): a pg.Pool is required');
     }
-    const { schema, ...defaults } = options;
+    const { schema, preparedStatements = true, ...defaults } = options;
     this.pool = pool;
     this.defaults = defaults;
     this.prefix = schema ? `${identifier(schema)}.` : '';
+    // Whether run() prepares its statements; false once a pooler was seen.
+    this.preparedStatements = Boolean(preparedStatements);
+    this.statementSets = new Map(); // the claim's options present -> its statement set
+    // Clients whose replay's transaction (read-only) is still open: the next
+    // claim takes one and sends COMMIT in front of its BEGIN; the rest are
+    // committed and released within a millisecond.
+    this.parked = []; // [client, its 'error' listener]
+    this.parkTimer = null;
+    this.parkMillis = 1;
   }
 
-  // The SELECT of idem_claim for a call, every value a literal.
-  claimSql(call) {
+  // A call with the instance's defaults, its values as literals: args, the
+  // claim's arguments in order (operation, key, request, then the options
+  // given), and shape, the options given (their places in claimOptions).
+  claimArguments(call) {
     const c = { ...this.defaults, ...call };
     if (typeof c.operation !== 'string' || c.operation === '') {
       throw new TypeError('an idempotent call needs an operation');
     }
     let request = 'NULL';
     if (c.request !== undefined && c.request !== null) {
-      request = `${literal(c.rawRequest ? c.request : JSON.stringify(c.request))}::jsonb`;
+      request = literal(c.rawRequest ? c.request : JSON.stringify(c.request));
     }
-    let sql = `SELECT ${DECISION_COLUMNS} FROM ${this.prefix}idem_claim(${literal(c.operation)}, ${
-      literal(c.key)}, ${request}`;
-    for (const [option, argument, quote] of claimOptions) {
-      if (c[option] !== undefined && c[option] !== null) sql += `, ${argument} => ${quote(c[option])}`;
+    const args = [literal(c.operation), literal(c.key), request];
+    let shape = '';
+    for (let i = 0; i < claimOptions.length; i++) {
+      const [option, , , quote] = claimOptions[i];
+      if (c[option] !== undefined && c[option] !== null) {
+        args.push(quote(c[option]));
+        shape += i;
+      }
+    }
+    return { args, shape };
+  }
+
+  // idem_claim's SELECT over the arguments given: literals, or parameters.
+  claimSelect(args, shape, castRequest) {
+    let sql = `SELECT ${DECISION_COLUMNS} FROM ${this.prefix}idem_claim(${args[0]}, ${args[1]}, ${
+      castRequest && args[2] !== 'NULL' ? `${args[2]}::jsonb` : args[2]}`;
+    for (let i = 0, next = 3; i < claimOptions.length; i++) {
+      if (shape.includes(i)) sql += `, ${claimOptions[i][1]} => ${args[next++]}`;
     }
     return `${sql})`;
   }
 
-  // The completion of an attempt with the handler's response.
-  finishSql(token, response) {
+  // The SELECT of idem_claim for a call, every value a literal.
+  claimSql(call) {
+    const { args, shape } = this.claimArguments(call);
+    return this.claimSelect(args, shape, true);
+  }
+
+  // The statements prepared together for a shape of the claim's options:
+  // the claim, idem_complete and idem_fail, named after a hash of their
+  // text, so that a name always means the same statements.
+  statementSet(shape) {
+    let set = this.statementSets.get(shape);
+    if (set !== undefined) return set;
+    const types = ['text', 'text', 'jsonb'];
+    claimOptions.forEach(([, , type], i) => { if (shape.includes(i)) types.push(type); });
+    const claim = this.claimSelect(types.map((t, i) => `$${i + 1}`), shape, false);
+    const complete = `SELECT ${this.prefix}idem_complete($1, $2, headers => $3, raw_body => $4, resource_id => $5)`;
+    const fail = `SELECT ${this.prefix}idem_fail($1, $2, headers => $3, raw_body => $4, retryable => $5)`;
+    const base = `idem_${createHash('sha256').update(`${claim}\n${complete}\n${fail}`).digest('hex').slice(0, 24)}`;
+    set = {
+      base, claim: `${base}_c`, complete: `${base}_k`, fail: `${base}_f`,
+      prepare: `PREPARE ${base}_c(${types.join(', ')}) AS ${claim};`
+        + `PREPARE ${base}_k(text, integer, jsonb, bytea, text) AS ${complete};`
+        + `PREPARE ${base}_f(text, integer, jsonb, bytea, boolean) AS ${fail}`,
+    };
+    this.statementSets.set(shape, set);
+    return set;
+  }
+
+  // The statement set of a shape, prepared on the client's connection if it
+  // was not yet; null when run() is to go unprepared.  A set is prepared in
+  // one query string, all three or (when the first name exists) none: a
+  // server connection that has the claim has the completions too.
+  async prepareOn(client, shape) {
+    if (!this.preparedStatements) return null;
+    const set = this.statementSet(shape);
+    let names = preparedOn.get(client);
+    if (names === undefined) {
+      names = new Set();
+      preparedOn.set(client, names);
+    }
+    if (names.has(set.base)) return set;
+    try {
+      await client.query(set.prepare);
+    } catch (err) {
+      if (err.code !== ALREADY_PREPARED) throw err;
+      // Already there though never prepared on this client: a pooler's
+      // server connection, prepared through another client.
+      this.preparedStatements = false;
+      return null;
+    }
+    names.add(set.base);
+    return set;
+  }
+
+  // BEGIN and the claim, one round trip: [the row of idem_claim, the
+  // statement set the transaction goes on with, null for none].  A prepared
+  // claim that the server connection does not have (26000) did nothing:
+  // rolled back, and sent again unprepared, as every later call is.
+  // With pending, the client's transaction is a replay's still open: its
+  // COMMIT goes in front.
+  async claimOn(client, set, args, shape, pending) {
+    const commit = pending ? 'COMMIT;' : '';
+    if (set !== null) {
+      try {
+        return [(await client.query(`${commit}BEGIN;EXECUTE ${set.claim}(${args.join(', ')})`)).at(-1).rows[0], set];
+      } catch (err) {
+        if (err.code !== NOT_PREPARED) throw err;
+        await client.query('ROLLBACK');
+        preparedOn.delete(client);
+        this.preparedStatements = false;
+      }
+    }
+    return [(await client.query(`${commit}BEGIN;${this.claimSelect(args, shape, true)}`)).at(-1).rows[0], null];
+  }
+
+  // A replay's client, its read-only transaction open (idem_claim's replay
+  // writes nothing, locks no row): kept for the next claim, which commits
+  // it in the same round trip as its own BEGIN, instead of a COMMIT of its
+  // own; committed and released after a millisecond if no claim comes.
+  // While parked, no query is running on the client: an error of its
+  // connection (the server ended it) comes as an 'error' event, which the
+  // pool does not listen to on a client it handed out; it is caught here and
+  // the client released as broken.
+  park(client) {
+    const onError = (err) => {
+      const i = this.parked.findIndex(([c]) => c === client);
+      if (i >= 0) this.parked.splice(i, 1);
+      client.removeListener('error', onError);
+      client.on('error', () => {}); // later errors of the same broken connection
+      client.release(err);
+    };
+    if (typeof client.on === 'function') client.on('error', onError);
+    this.parked.push([client, onError]);
+    if (this.parkTimer === null) this.parkTimer = setTimeout(() => this.unpark(), this.parkMillis);
+  }
+
+  // A parked client back in use: its 'error' listener removed.
+  static unparked([client, onError]) {
+    if (typeof client.removeListener === 'function') client.removeListener('error', onError);
+    return client;
+  }
+
+  // Commit the parked clients' transactions and release them.
+  unpark() {
+    clearTimeout(this.parkTimer);
+    this.parkTimer = null;
+    for (const entry of this.parked.splice(0)) Idempotency.commitAndRelease(Idempotency.unparked(entry));
+  }
+
+  static commitAndRelease(client) {
+    client.query('COMMIT').then(() => client.release(), (err) => client.release(err));
+  }
+
+  // A parked client that can run the claim of this shape as it is (with its
+  // statements prepared, when they are to be), or null.
+  takeParked(shape) {
+    while (this.parked.length > 0) {
+      const client = Idempotency.unparked(this.parked.pop());
+      if (!this.preparedStatements) return client;
+      const names = preparedOn.get(client);
+      if (names !== undefined && names.has(this.statementSet(shape).base)) return client;
+      Idempotency.commitAndRelease(client);
+    }
+    return null;
+  }
+
+  // The completion of an attempt with the handler's response: the EXECUTE
+  // of the set's statement, or without one, the SELECT.
+  finishSql(token, response, set = null) {
+    const headers = literal(JSON.stringify(response.headers));
+    if (set !== null) {
+      const last = response.failed ? String(response.retryable)
+        : response.resourceId === null ? 'NULL' : literal(response.resourceId);
+      return `EXECUTE ${response.failed ? set.fail : set.complete}(${literal(token)}, ${response.status}, ${
+        headers}, ${byteaLiteral(response.body)}, ${last})`;
+    }
     let sql = response.failed ? `SELECT ${this.prefix}idem_fail(` : `SELECT ${this.prefix}idem_complete(`;
-    sql += `${literal(token)}, ${response.status}, headers => ${
-      literal(JSON.stringify(response.headers))}::jsonb, raw_body => ${bytea(response.body)}`;
+    sql += `${literal(token)}, ${response.status}, headers => ${headers}::jsonb, raw_body => ${
+      bytea(response.body)}`;
     if (response.failed) sql += `, retryable => ${response.retryable}`;
     else if (response.resourceId !== null) sql += `, resource_id => ${literal(response.resourceId)}`;
     return `${sql})`;
@@ -266,23 +459,28 @@ class Idempotency {
   async run(call, handler) {
     const bad = Idempotency.checkKey(call.key);
     if (bad) return { ...bad, outcome: null, replayed: false };
-    const claim = `BEGIN;${this.claimSql(call)}`;
-    const client = await this.pool.connect();
+    const { args, shape } = this.claimArguments(call);
+    let client = this.takeParked(shape);
+    const pending = client !== null;
+    if (!pending) client = await this.pool.connect();
     let open = true;
     let broken;
     try {
       let decision;
+      let set;
       try {
-        decision = (await client.query(claim))[1].rows[0];
+        [decision, set] = await this.claimOn(client, await this.prepareOn(client, shape), args, shape, pending);
       } catch (err) {
         return { ...Idempotency.claimError(err), outcome: null, replayed: false };
       }
       if (decision.outcome !== 'proceed') {
         // Answered now; the claim's transaction commits behind the answer
         // (a claim that found an ended lease may have made the record
-        // unknown), before the client goes back to the pool.
+        // unknown), before the client goes back to the pool; a replay's,
+        // which wrote nothing, with the next claim's BEGIN.
         open = false;
-        client.query('COMMIT').then(() => client.release(), (err) => client.release(err));
+        if (decision.outcome === 'replay') this.park(client);
+        else Idempotency.commitAndRelease(client);
         return answer(decision);
       }
       const ctx = {
@@ -290,7 +488,14 @@ class Idempotency {
         recoveryPoint: decision.recovery_point,
       };
       const response = toResponse(await handler(client, ctx));
-      await client.query(`${this.finishSql(decision.token, response)};COMMIT`);
+      try {
+        await client.query(`${this.finishSql(decision.token, response, set)};COMMIT`);
+      } catch (err) {
+        // Not committed: rolled back below.  A prepared completion missing
+        // (the handler deallocated it) is prepared again next time.
+        if (err.code === NOT_PREPARED) preparedOn.delete(client);
+        throw err;
+      }
       open = false;
       client.release();
       return {

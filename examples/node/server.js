@@ -10,11 +10,14 @@
 //     GET  /payments/<id>
 //
 //     node server.js [--port N] [--framework http|express|fastify] [--quiet]
+//                    [--no-prepared-statements]
 //
 // Connection settings come from libpq's environment variables, which
 // node-postgres reads too (PGHOST, PGPORT, PGDATABASE, PGUSER, ...).
 // Listens on 127.0.0.1; `--port 0` picks a free port.  The first line on
-// stdout is "listening on http://127.0.0.1:PORT".
+// stdout is "listening on http://127.0.0.1:PORT".  The library prepares its
+// statements on each connection and goes on without them by itself behind
+// pgbouncer in transaction mode; --no-prepared-statements never prepares.
 //
 // For tests, two request headers that are not part of the request (and so
 // not of its fingerprint) make the handler misbehave:
@@ -176,7 +179,7 @@ async function main() {
   const log = quiet ? () => {} : (method, url, status) => console.error(`${method} ${url} ${status}`);
   const pool = new Pool({ max: POOL_SIZE, connectionTimeoutMillis: 30000 });
   pool.on('error', (err) => console.error(`idle connection lost: ${err.message}`));
-  const idem = new Idempotency(pool);
+  const idem = new Idempotency(pool, { preparedStatements: !args.includes('--no-prepared-statements') });
   const app = frameworks[framework](pool, idem, log);
   let server;
   if (framework === 'fastify') {

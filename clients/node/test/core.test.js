@@ -50,17 +50,62 @@ const pay = (amount) => async (client, ctx) => {
   };
 };
 
-// A pool whose clients count the queries sent on them.
-function countingPool() {
-  const counted = { queries: [] };
+// A pool whose clients count the queries sent on them: the same wrapper for
+// the same connection, as pg.Pool hands out the same client, unless fresh
+// (a new wrapper at each connect, as a library sees a pooler's server
+// connections that it cannot tell apart).  from: the pool to draw on.
+function countingPool({ from = pool, fresh = false } = {}) {
+  const counted = { queries: [], releases: 0, onRelease: () => {} };
+  // resolves at the next release of a client
+  counted.released = () => new Promise((resolve) => { counted.onRelease = resolve; });
+  const wrappers = new Map();
   counted.connect = async () => {
-    const client = await pool.connect();
-    return {
-      query: (...args) => { counted.queries.push(args[0]); return client.query(...args); },
-      release: (err) => client.release(err),
-    };
+    const client = await from.connect();
+    let wrapper = fresh ? undefined : wrappers.get(client);
+    if (wrapper === undefined) {
+      wrapper = {
+        query: (...args) => { counted.queries.push(args[0]); return client.query(...args); },
+        release: (err) => {
+          client.release(err);
+          counted.releases++;
+          counted.onRelease();
+        },
+        on: (...args) => client.on(...args),
+        removeListener: (...args) => client.removeListener(...args),
+      };
+      wrappers.set(client, wrapper);
+    }
+    return wrapper;
   };
-  counted.query = (...args) => { counted.queries.push(args[0]); return pool.query(...args); };
+  counted.query = (...args) => { counted.queries.push(args[0]); return from.query(...args); };
+  return counted;
+}
+
+// A pool of one client object that is moved to the next of two server
+// connections between transactions, as pgbouncer in transaction mode does:
+// after a query outside a transaction block and at release.
+async function poolerPool() {
+  const servers = [new Client(), new Client()];
+  await Promise.all(servers.map((c) => c.connect()));
+  const counted = { queries: [], servers };
+  let current = 0;
+  let inBlock = false;
+  const client = {
+    query: async (text, ...rest) => {
+      counted.queries.push(text);
+      try {
+        return await servers[current].query(text, ...rest);
+      } finally {
+        if (/^BEGIN;/.test(text)) inBlock = true;
+        if (/(^|;)(COMMIT|ROLLBACK)$/.test(text)) inBlock = false;
+        if (!inBlock) current = 1 - current;
+      }
+    },
+    release: () => { inBlock = false; current = 1 - current; },
+  };
+  counted.connect = async () => client;
+  counted.query = client.query;
+  counted.end = () => Promise.all(servers.map((c) => c.end()));
   return counted;
 }
 
@@ -209,18 +254,230 @@ test('a request that jsonb refuses is 400 INVALID_REQUEST', async () => {
 });
 
 test('round trips: a new key is two queries besides the handler\'s, a replay one before the answer', async () => {
+  const one = new Pool({ max: 1 });
+  try {
+    const counted = countingPool({ from: one });
+    const i = new Idempotency(counted);
+    const call = { operation: op('trips'), key: randomUUID(), request: { amount: 16 } };
+    // the connection's first call prepares the statements, once
+    await i.run(call, pay(16));
+    assert.equal(counted.queries.length, 4, counted.queries.join('\n'));
+    assert.match(counted.queries[0], /^PREPARE (idem_\w+)_c\(.*;PREPARE \1_k\(.*;PREPARE \1_f\(/);
+    assert.match(counted.queries[1], /^BEGIN;EXECUTE idem_\w+_c\('test\.node\.trips/);
+    assert.match(counted.queries[3], /^EXECUTE idem_\w+_k\('.*', 201, '\[.*\]', E'\\\\x[0-9a-f]+', 'pay_\w+'\);COMMIT$/);
+    counted.queries.length = 0;
+    await i.run({ ...call, key: randomUUID() }, pay(16));
+    assert.equal(counted.queries.length, 3, counted.queries.join('\n'));
+    assert.match(counted.queries[0], /^BEGIN;EXECUTE /);
+    // a replay: the claim, answered; its transaction (read-only) is
+    // committed by the next claim, in front of its BEGIN
+    counted.queries.length = 0;
+    const r = await i.run(call, () => { throw new Error('must not run'); });
+    assert.equal(r.outcome, 'replay');
+    assert.equal(counted.queries.length, 1);
+    const next = await i.run({ ...call, key: randomUUID() }, pay(16));
+    assert.equal(next.status, 201);
+    assert.equal(counted.queries.length, 4, counted.queries.join('\n'));
+    assert.match(counted.queries[1], /^COMMIT;BEGIN;EXECUTE /);
+    // ... or on its own when no claim comes
+    counted.queries.length = 0;
+    const released = counted.released();
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    await released;
+    assert.deepEqual(counted.queries.slice(1), ['COMMIT']);
+    // another instance with the same options shares the connection's statements
+    counted.queries.length = 0;
+    await new Idempotency(counted).run({ ...call, key: randomUUID() }, pay(16));
+    assert.equal(counted.queries.length, 3, counted.queries.join('\n'));
+    assert.equal(i.preparedStatements, true);
+    // nothing is left open on the connection
+    const { rows: [{ own }] } = await one.query(
+      'SELECT xact_start = query_start AS own FROM pg_stat_activity WHERE pid = pg_backend_pid()');
+    assert.equal(own, true);
+  } finally {
+    await one.end();
+  }
+});
+
+test('a replay\'s open transaction: the next claim commits it, with any options, and an error there keeps nothing of the next', async () => {
+  const one = new Pool({ max: 1 });
+  try {
+    const counted = countingPool({ from: one });
+    const i = new Idempotency(counted);
+    const call = { operation: op('parked'), key: randomUUID(), request: { amount: 17 } };
+    assert.equal((await i.run(call, pay(17))).status, 201);
+    // a replay, then a claim with options not prepared yet on the connection:
+    // the replay's transaction is committed on its own first
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    counted.queries.length = 0;
+    const tenant = { ...call, key: randomUUID(), tenant: 'other' };
+    assert.equal((await i.run(tenant, pay(17))).status, 201);
+    assert.deepEqual(counted.queries.map((q) => q.slice(0, 13)),
+      ['COMMIT', 'PREPARE idem_', 'BEGIN;EXECUTE', 'INSERT INTO p', 'EXECUTE idem_']);
+    // a replay, then a claim that refuses its key: 400, and the connection goes on
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    counted.queries.length = 0;
+    const bad = await i.run({ ...call, key: '' }, () => { throw new Error('must not run'); });
+    assert.equal(bad.status, 400);
+    assert.match(counted.queries[0], /^COMMIT;BEGIN;EXECUTE /);
+    assert.equal(counted.queries[1], 'ROLLBACK');
+    // a replay, then a claim whose handler throws after its write: nothing kept
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    const key = randomUUID();
+    await assert.rejects(i.run({ ...call, key }, async (client, ctx) => {
+      await pay(17)(client, ctx);
+      throw new Error('boom');
+    }), /boom/);
+    assert.equal(await paymentsFor(key), 0);
+    assert.equal((await i.run({ ...call, key }, pay(17))).status, 201);
+    assert.equal(await paymentsFor(key), 1);
+    assert.equal(await paymentsFor(call.key), 1);
+  } finally {
+    await one.end();
+  }
+});
+
+test('a replay\'s connection ended by the server while it waits for the next claim: released as broken, no crash', async () => {
+  const one = new Pool({ max: 1 });
+  const admin = new Client();
+  await admin.connect();
+  const i = new Idempotency(one);
+  try {
+    i.parkMillis = 600000; // kept until a claim comes: the error must be what releases it
+    const call = { operation: op('parkedend'), key: randomUUID(), request: { amount: 18 } };
+    assert.equal((await i.run(call, pay(18))).status, 201);
+    const { rows: [{ pid }] } = await one.query('SELECT pg_backend_pid() AS pid');
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    const released = new Promise((resolve) => one.once('release', (err) => resolve(err)));
+    await admin.query('SELECT pg_terminate_backend($1)', [pid]);
+    const err = await released;
+    assert.ok(err, 'released with the connection\'s error');
+    assert.equal(i.parked.length, 0);
+    // the next claim gets a new connection, prepared anew
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    const r = await i.run({ ...call, key: randomUUID() }, pay(18));
+    assert.equal(r.status, 201);
+    assert.equal(i.preparedStatements, true);
+  } finally {
+    i.unpark(); // the last replay's, kept for 600 s otherwise
+    await admin.end();
+    await one.end();
+  }
+});
+
+test('preparedStatements: false sends the claim and the completion as SELECTs, never PREPARE', async () => {
   const counted = countingPool();
-  const i = new Idempotency(counted);
-  const call = { operation: op('trips'), key: randomUUID(), request: { amount: 16 } };
-  await i.run(call, pay(16));
-  assert.equal(counted.queries.length, 3, counted.queries.join('\n'));
-  assert.match(counted.queries[0], /^BEGIN;SELECT .* FROM idem_claim\(/);
+  const i = new Idempotency(counted, { preparedStatements: false });
+  const call = { operation: op('unprepared'), key: randomUUID(), request: { amount: 17 } };
+  const first = await i.run(call, pay(17));
+  assert.equal(first.status, 201);
+  assert.deepEqual(counted.queries.map((q) => q.slice(0, 12)), ['BEGIN;SELECT', 'INSERT INTO ', 'SELECT idem_']);
+  assert.match(counted.queries[0], /FROM idem_claim\('test\.node\.unprepared/);
   assert.match(counted.queries[2], /^SELECT idem_complete\(.*\);COMMIT$/);
-  counted.queries.length = 0;
-  const r = await i.run(call, () => { throw new Error('must not run'); });
-  assert.equal(r.outcome, 'replay');
-  assert.equal(counted.queries.length, 2); // the claim, then the COMMIT sent behind the answer
-  assert.equal(counted.queries[1], 'COMMIT');
+  const again = await i.run(call, () => { throw new Error('must not run'); });
+  assert.equal(again.outcome, 'replay');
+  assert.ok(again.body.equals(first.body));
+  assert.ok(!counted.queries.some((q) => /PREPARE|EXECUTE/.test(q)));
+  assert.equal(await paymentsFor(call.key), 1);
+});
+
+test('every claim option, prepared and not, with quotes and backslashes in the values', async () => {
+  for (const preparedStatements of [true, false]) {
+    const i = new Idempotency(pool, { preparedStatements, tenant: "t'\\" });
+    const call = {
+      operation: op(`options.${preparedStatements}`), key: randomUUID(), request: { amount: 18, note: "a'\\b" },
+      caller: "c'\\", ttl: '1 day', lease: 60000, wait: 0, onLeaseExpiry: 'retry', onExpired: 'proceed',
+    };
+    const first = await i.run(call, pay(18));
+    assert.equal(first.status, 201);
+    const again = await i.run(call, () => { throw new Error('must not run'); });
+    assert.equal(again.outcome, 'replay', `preparedStatements: ${preparedStatements}`);
+    const other = await i.run({ ...call, tenant: 'another' }, pay(18));
+    assert.equal(other.outcome, 'proceed', 'the tenant is part of the key');
+    assert.equal(await paymentsFor(call.key), 2);
+    assert.equal(i.preparedStatements, preparedStatements);
+  }
+});
+
+test('behind a pooler that moves the client between server connections: 26000 at the claim, rolled back, unprepared from then on', async () => {
+  const pooler = await poolerPool();
+  try {
+    const i = new Idempotency(pooler);
+    const call = { operation: op('pooler'), key: randomUUID(), request: { amount: 19 } };
+    // PREPARE on one server connection, the claim on the other
+    const first = await i.run(call, pay(19));
+    assert.equal(first.status, 201);
+    assert.equal(i.preparedStatements, false);
+    assert.deepEqual(pooler.queries.map((q) => q.slice(0, 13)),
+      ['PREPARE idem_', 'BEGIN;EXECUTE', 'ROLLBACK', 'BEGIN;SELECT ', 'INSERT INTO p', 'SELECT idem_c']);
+    assert.equal(await paymentsFor(call.key), 1);
+    pooler.queries.length = 0;
+    const again = await i.run(call, () => { throw new Error('must not run'); });
+    assert.equal(again.outcome, 'replay');
+    assert.ok(again.body.equals(first.body));
+    const r = await i.run({ ...call, key: randomUUID() }, pay(19));
+    assert.equal(r.status, 201);
+    assert.ok(!pooler.queries.some((q) => /PREPARE|EXECUTE/.test(q)), pooler.queries.join('\n'));
+  } finally {
+    await pooler.end();
+  }
+});
+
+test('statements already prepared on a connection the library has not seen (42P05): unprepared from then on', async () => {
+  const one = new Pool({ max: 1 });
+  try {
+    const i = new Idempotency(countingPool({ from: one, fresh: true }));
+    const call = { operation: op('exists'), key: randomUUID(), request: { amount: 20 } };
+    assert.equal((await i.run(call, pay(20))).status, 201);
+    assert.equal(i.preparedStatements, true);
+    const r = await i.run({ ...call, key: randomUUID() }, pay(20));
+    assert.equal(r.status, 201);
+    assert.equal(i.preparedStatements, false);
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+  } finally {
+    await one.end();
+  }
+});
+
+test('prepared: an error at the claim, in the handler or at the completion commits nothing, and the connection goes on', async () => {
+  const one = new Pool({ max: 1 });
+  try {
+    const counted = countingPool({ from: one });
+    const i = new Idempotency(counted);
+    const call = { operation: op('midway'), key: randomUUID(), request: { amount: 21 } };
+    // the claim refuses the key: 400, rolled back
+    const bad = await i.run({ ...call, key: '' }, () => { throw new Error('must not run'); });
+    assert.equal(bad.status, 400);
+    // the handler throws after its write
+    await assert.rejects(i.run(call, async (client, ctx) => {
+      await pay(21)(client, ctx);
+      throw new Error('boom');
+    }), /boom/);
+    assert.equal(await paymentsFor(call.key), 0);
+    // the completion fails: the handler dropped the connection's statements
+    await assert.rejects(i.run(call, async (client, ctx) => {
+      const r = await pay(21)(client, ctx);
+      await client.query('DEALLOCATE ALL');
+      return r;
+    }), (err) => err.code === '26000');
+    assert.equal(await paymentsFor(call.key), 0);
+    // each time the key was left free: the retry proceeds, prepared again
+    counted.queries.length = 0;
+    const r = await i.run(call, pay(21));
+    assert.equal(r.status, 201);
+    assert.match(counted.queries[0], /^PREPARE /);
+    assert.equal(i.preparedStatements, true);
+    assert.equal(await paymentsFor(call.key), 1);
+    assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
+    // statements dropped between calls: 26000 at the claim, which goes on unprepared
+    await one.query('DEALLOCATE ALL');
+    const key = randomUUID();
+    assert.equal((await i.run({ ...call, key }, pay(21))).status, 201);
+    assert.equal(i.preparedStatements, false);
+    assert.equal(await paymentsFor(key), 1);
+  } finally {
+    await one.end();
+  }
 });
 
 test('answer() maps every outcome as the README says', () => {
