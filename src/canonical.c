@@ -32,6 +32,13 @@
  * numbers are formatted from the base-10000 digits of the stored numeric,
  * without numeric_out and its allocation.
  *
+ * The same canonical text is also written straight from JSON text, for
+ * idem_claim_text (idem_fingerprint_json_text, at the end of this file):
+ * no jsonb value is built, and the text is read once.  It must give the
+ * jsonb's digest for every text jsonb_in accepts and jsonb_in's error for
+ * every other, so whatever its own reader does not take is read by
+ * PostgreSQL's JSON parser, the one jsonb_in uses.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
