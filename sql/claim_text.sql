@@ -81,14 +81,18 @@ SELECT k, pg_temp.answer(t) AS by_text, pg_temp.answer(t) = pg_temp.answer(j) AS
        idem_claim_text('text.same', k, '{"n": 1, "m": [1.5, "x"]}', '') t,
        idem_claim('text.same', k, '{"n": 1, "m": [1.5, "x"]}') j;
 
--- In a transaction block a new key is written once, at its completion, as
--- with idem_claim.
+-- In a transaction block a new key is written when idem_claim's would be
+-- (once, at its completion, unless the table's own objects rule that out).
 BEGIN;
 SELECT token AS once_token FROM idem_claim_text('text.same', 'once', '{"n": 7}', '') \gset
-SELECT count(*) AS written_yet FROM idem_records WHERE operation = 'text.same' AND key = 'once';
+SELECT token AS once_jsonb_token FROM idem_claim('text.same', 'once-jsonb', '{"n": 7}') \gset
+SELECT count(*) FILTER (WHERE key = 'once') = count(*) FILTER (WHERE key = 'once-jsonb')
+       AS written_alike
+  FROM idem_records WHERE operation = 'text.same' AND key IN ('once', 'once-jsonb');
 SELECT idem_complete(:'once_token', 201, '{"id": 7}');
-SELECT state, response_status, fingerprint = idem_fingerprint('{"n": 7}') AS same_fingerprint
-  FROM idem_records WHERE operation = 'text.same' AND key = 'once';
+SELECT idem_complete(:'once_jsonb_token', 201, '{"id": 7}');
+SELECT key, state, response_status, fingerprint = idem_fingerprint('{"n": 7}') AS same_fingerprint
+  FROM idem_records WHERE operation = 'text.same' AND key IN ('once', 'once-jsonb') ORDER BY key;
 COMMIT;
 
 --

@@ -100,6 +100,7 @@ typedef struct CanonMember
 	uint32		vallen;
 	JEntry		valentry;
 	uint32		order;			/* from JSON text: position in the object */
+	bool		plain;			/* from JSON text: a name without escapes */
 } CanonMember;
 
 /* One open container of the walk. */
@@ -998,6 +999,8 @@ typedef struct TextCanon
 	CanonMember *members;
 	uint32		nmembers;
 	uint32		maxmembers;
+	char	   *scratch;		/* where an object's values are copied aside */
+	Size		scratchcap;
 } TextCanon;
 
 /*
@@ -1040,8 +1043,8 @@ static void write_number_text(CanonSink *sink, const char *token, int len);
 void
 idem_fingerprint_json_text(text *json, uint8 *digest)
 {
+	static MemoryContext parsecxt = NULL;
 	MemoryContext callercxt = CurrentMemoryContext;
-	MemoryContext parsecxt;
 	TextCanon	state;
 	const char *data = VARDATA_ANY(json);
 	int			len = VARSIZE_ANY_EXHDR(json);
@@ -1055,8 +1058,16 @@ idem_fingerprint_json_text(text *json, uint8 *digest)
 		return;
 	}
 
-	parsecxt = AllocSetContextCreate(callercxt, "idempotency fingerprint",
-									 ALLOCSET_DEFAULT_SIZES);
+	/*
+	 * One context for the whole backend, emptied after each text (and
+	 * before, after a text whose parse raised an error): cheaper than a
+	 * context made and deleted for each.
+	 */
+	if (parsecxt == NULL)
+		parsecxt = AllocSetContextCreate(TopMemoryContext,
+										 "idempotency fingerprint of JSON text",
+										 ALLOCSET_DEFAULT_SIZES);
+	MemoryContextReset(parsecxt);
 	MemoryContextSwitchTo(parsecxt);
 	text_canon_init(&state, len);
 	if (!text_canonical_direct(data, len, &state))
@@ -1066,7 +1077,7 @@ idem_fingerprint_json_text(text *json, uint8 *digest)
 	}
 	idem_sha256((const uint8 *) state.sink.buf, state.sink.len, digest);
 	MemoryContextSwitchTo(callercxt);
-	MemoryContextDelete(parsecxt);
+	MemoryContextReset(parsecxt);
 }
 
 /* An empty state for a text of len bytes, in the current memory context. */
@@ -1085,6 +1096,22 @@ text_canon_init(TextCanon *state, int len)
 	state->maxmembers = 64;
 	state->members = palloc(sizeof(CanonMember) * state->maxmembers);
 	state->nmembers = 0;
+	state->scratch = NULL;
+	state->scratchcap = 0;
+}
+
+/*
+ * Write a string that holds nothing RFC 8785 escapes (no control character,
+ * quote or backslash), as write_string would, without looking for one.
+ */
+static inline void
+write_plain_string(CanonSink *sink, const char *s, uint32 len)
+{
+	sink_reserve(sink, len + 2);
+	sink->buf[sink->len++] = '"';
+	memcpy(sink->buf + sink->len, s, len);
+	sink->len += len;
+	sink->buf[sink->len++] = '"';
 }
 
 /* Open a container of the text: push its frame. */
@@ -1106,9 +1133,13 @@ text_push(TextCanon *state, bool is_object)
 	frame->is_object = is_object;
 }
 
-/* A member of the innermost object begins: its name, unescaped. */
+/*
+ * A member of the innermost object begins: its name, unescaped; plain when
+ * it holds nothing RFC 8785 escapes.
+ */
 static void
-text_member_start(TextCanon *state, const char *key, uint32 keylen)
+text_member_start(TextCanon *state, const char *key, uint32 keylen,
+				  bool plain)
 {
 	TextFrame  *frame = &state->frames[state->nframes - 1];
 	CanonMember *m;
@@ -1126,6 +1157,7 @@ text_member_start(TextCanon *state, const char *key, uint32 keylen)
 	m->order = frame->count++;
 	m->valoff = state->sink.len - frame->start;
 	m->vallen = 0;
+	m->plain = plain;
 }
 
 /* The value of the innermost object's last member is written. */
@@ -1150,14 +1182,18 @@ text_object_close(TextCanon *state)
 	CanonMember *members = &state->members[frame->members];
 	uint32		count = state->nmembers - frame->members;
 	Size		valueslen = state->sink.len - frame->start;
-	char	   *values = NULL;
+	char	   *values = state->scratch;
 	uint32		i;
 
-	if (valueslen > 0)
+	if (valueslen > state->scratchcap)
 	{
-		values = palloc(valueslen);
-		memcpy(values, state->sink.buf + frame->start, valueslen);
+		state->scratchcap = Max(valueslen, (Size) 256);
+		state->scratch = values = state->scratch ?
+			repalloc(state->scratch, state->scratchcap) :
+			palloc(state->scratchcap);
 	}
+	if (valueslen > 0)
+		memcpy(values, state->sink.buf + frame->start, valueslen);
 	if (count > 1)
 		sort_text_members(members, count);
 
@@ -1173,14 +1209,15 @@ text_object_close(TextCanon *state)
 			continue;
 		if (i > 0)
 			sink_putc(&state->sink, ',');
-		write_string(&state->sink, m->key, m->keylen);
+		if (m->plain)
+			write_plain_string(&state->sink, m->key, m->keylen);
+		else
+			write_string(&state->sink, m->key, m->keylen);
 		sink_putc(&state->sink, ':');
 		sink_write(&state->sink, values + m->valoff, m->vallen);
 	}
 	sink_putc(&state->sink, '}');
 
-	if (values)
-		pfree(values);
 	state->nmembers = frame->members;
 	state->nframes--;
 }
@@ -1221,6 +1258,35 @@ text_token_char(unsigned char c)
 {
 	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
 		(c >= '0' && c <= '9') || c == '_' || c >= 0x80;
+}
+
+/*
+ * The end of a string's text that starts at p: the closing quote, or NULL
+ * when a backslash, a control character or the end of the text comes
+ * first (a string to leave to PostgreSQL's parser).
+ */
+static inline const char *
+plain_string_end(const char *p, const char *end)
+{
+	for (;;)
+	{
+		uint64		word;
+
+		if (end - p >= (ptrdiff_t) sizeof(uint64))
+		{
+			memcpy(&word, p, sizeof(uint64));
+			if (!word_needs_escape(word))
+			{
+				p += sizeof(uint64);
+				continue;
+			}
+		}
+		if (p == end || *p == '\\' || (unsigned char) *p < 0x20)
+			return NULL;
+		if (*p == '"')
+			return p;
+		p++;
+	}
 }
 
 /*
@@ -1279,27 +1345,9 @@ value:
 			{
 				const char *s = ++p;
 
-				/* up to the closing quote; a backslash or control: not here */
-				for (;;)
-				{
-					uint64		word;
-
-					if (end - p >= (ptrdiff_t) sizeof(uint64))
-					{
-						memcpy(&word, p, sizeof(uint64));
-						if (!word_needs_escape(word))
-						{
-							p += sizeof(uint64);
-							continue;
-						}
-					}
-					if (p == end || *p == '\\' || (unsigned char) *p < 0x20)
-						return false;
-					if (*p == '"')
-						break;
-					p++;
-				}
-				write_string(&state->sink, s, p - s);
+				if ((p = plain_string_end(p, end)) == NULL)
+					return false;
+				write_plain_string(&state->sink, s, p - s);
 				p++;
 			}
 			goto after_value;
@@ -1374,11 +1422,9 @@ member:
 	{
 		const char *s = ++p;
 
-		while (p < end && *p != '"' && *p != '\\' && (unsigned char) *p >= 0x20)
-			p++;
-		if (p == end || *p != '"')
+		if ((p = plain_string_end(p, end)) == NULL)
 			return false;
-		text_member_start(state, s, p - s);
+		text_member_start(state, s, p - s, true);
 		p++;
 	}
 	SKIP_WHITESPACE();
@@ -1432,7 +1478,7 @@ static TEXT_CANON_ACTION
 text_object_field_start(void *arg, char *fname, bool isnull)
 {
 	(void) isnull;
-	text_member_start((TextCanon *) arg, fname, strlen(fname));
+	text_member_start((TextCanon *) arg, fname, strlen(fname), false);
 	TEXT_CANON_DONE;
 }
 
