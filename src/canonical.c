@@ -1265,7 +1265,7 @@ text_token_char(unsigned char c)
  * when a backslash, a control character or the end of the text comes
  * first (a string to leave to PostgreSQL's parser).
  */
-static inline const char *
+static pg_attribute_always_inline const char *
 plain_string_end(const char *p, const char *end)
 {
 	for (;;)
@@ -1422,7 +1422,10 @@ member:
 	{
 		const char *s = ++p;
 
-		if ((p = plain_string_end(p, end)) == NULL)
+		/* names are short: byte by byte */
+		while (p < end && *p != '"' && *p != '\\' && (unsigned char) *p >= 0x20)
+			p++;
+		if (p == end || *p != '"')
 			return false;
 		text_member_start(state, s, p - s, true);
 		p++;
