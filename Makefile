@@ -2,7 +2,7 @@
 
 MODULE_big = idempotency
 EXTENSION = idempotency
-DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql
 PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
@@ -65,6 +65,10 @@ REGRESS += rate_limit rate_limit_attack
 
 # Versions: 1.0 updated to the default version keeps every record
 REGRESS += upgrade exact_replay
+
+# idem_claim_text: the claim with the request as JSON text (version 1.2)
+REGRESS += claim_text
+ISOLATION += claim_text_concurrent
 
 # Batches and consumers: idem_inbox, idem_claim_many, no lock per key
 # (claim_prepared tests prepared transactions where max_prepared_transactions

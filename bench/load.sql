@@ -1,16 +1,26 @@
--- bench/load.sql: :keys finished keys (r-N) and :keys running keys (p-N)
--- with the same content in idem_records, floor_records, floor_hot_records
--- and peer_records.  Key r-N / p-N was claimed with the request whose
--- description is "order N", as the workloads send it.
+-- bench/load.sql: :keys finished keys (r-N, and q-N with a longer request)
+-- and :keys running keys (p-N) with the same content in idem_records,
+-- floor_records, floor_hot_records and peer_records.  Key r-N / p-N / q-N
+-- was claimed with the request whose description is "order N", as the
+-- workloads send it.
 \set resp '{"id": "PAY-1", "amount": 100, "currency": "EUR", "status": "captured"}'
 
 CREATE TEMP TABLE seed AS
-SELECT k, k LIKE 'r-%' AS finished, req
+SELECT k, k NOT LIKE 'p-%' AS finished, req
   FROM (SELECT 'r-' || g AS k, g FROM generate_series(1, :keys) g
         UNION ALL
         SELECT 'p-' || g, g FROM generate_series(1, :keys) g) s,
        LATERAL (SELECT '{"amount": 100.00, "currency": "EUR", "customer": "cus_123", "description": "order '
-                       || g || '"}' AS req) r;
+                       || g || '"}' AS req) r
+UNION ALL
+-- :keys finished keys (q-N) claimed with a request of about 300 bytes, the
+-- one of the workloads *_300.sql
+SELECT 'q-' || g, true,
+       '{"amount": 100.00, "currency": "EUR", "customer": "cus_123", "description": "order '
+       || g || '", "payment_method": "pm_card_visa", "metadata": {"cart": "c-8841", "channel": "web"}, '
+       || '"shipping": {"name": "Jane Doe", "line1": "1 Main Street", "city": "Springfield", '
+       || '"postal_code": "12345", "country": "US"}}'
+  FROM generate_series(1, :keys) g;
 
 -- Records are born processing (the trigger insists), then finished.
 INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state,
@@ -23,7 +33,7 @@ SELECT '', current_user, 'payments.create', k, idem_fingerprint(req::jsonb),
 UPDATE idem_records SET state = 'succeeded', response_status = 201,
        response_body = :'resp', response_headers = '{"Location": "/payments/PAY-1"}',
        locked_until = NULL, completed_at = now()
- WHERE key LIKE 'r-%';
+ WHERE key IN (SELECT k FROM seed WHERE finished);
 
 INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state,
        attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at,

@@ -49,7 +49,8 @@
 # Environment (defaults for full / quick; a single part uses full's):
 #   PG_CONFIG, KEEP_TMP=1 (scripts/lib.sh), REPORT=file (also write the report there)
 #   CLIENTS 4, KEYS 100000 / 20000 (finished and running keys for replays)
-#   ROUNDS 5 / 2, RUN_SECONDS 10 / 3, WORKLOADS "new replay inprogress",
+#   ROUNDS 5 / 2, RUN_SECONDS 10 / 3, WORKLOADS "new replay inprogress" (and
+#   replay300: replays of a request of about 300 bytes),
 #   PROTOCOLS "simple extended prepared" (the tps part's pgbench -M modes)
 #   FP_ROUNDS 3 / 1, FP_SECONDS 10 / 3 (fingerprint.sh's BENCH_REPEATS, BENCH_SECONDS)
 #   BACKLOG 1000000 / 100000, CLEANUP_ROUNDS 3 / 1, CLEANUP_SECONDS 130 / 15,
@@ -104,7 +105,7 @@ MEM_INTERVAL=${MEM_INTERVAL:-30}
 COUNTER_ROUNDS=${COUNTER_ROUNDS:-7}
 INSTR_TX=${INSTR_TX:-1000}
 PROFILE_VARIANTS=${PROFILE_VARIANTS:-new_floor_hot new_ext}
-INSTR_VARIANTS=${INSTR_VARIANTS:-new_floor_hot new_floor new_peer new_ext replay_floor replay_floor_hash replay_peer replay_ext inprogress_peer inprogress_ext}
+INSTR_VARIANTS=${INSTR_VARIANTS:-new_floor_hot new_floor new_peer new_ext new_ext_text replay_floor replay_floor_hash replay_peer replay_ext replay_ext_text replay_floor_hash_300 replay_ext_300 replay_ext_text_300 inprogress_peer inprogress_ext}
 has_part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 START_TIME=$(date +%s)
@@ -307,8 +308,9 @@ part_tps() {
     make_simple_workloads
     variants_of() {
         case $1 in
-            new) echo "new_floor_hot new_floor new_peer new_ext" ;;
-            replay) echo "replay_floor replay_floor_hash replay_peer replay_ext" ;;
+            new) echo "new_floor_hot new_floor new_peer new_ext new_ext_text" ;;
+            replay) echo "replay_floor replay_floor_hash replay_peer replay_ext replay_ext_text" ;;
+            replay300) echo "replay_floor_hash_300 replay_ext_300 replay_ext_text_300" ;;
             inprogress) echo "inprogress_peer inprogress_ext" ;;
         esac
     }
@@ -395,6 +397,25 @@ part_tps() {
             )
         done
         echo
+        if has_variant "${PROTOCOLS%% *}:replay_ext_text" || has_variant "${PROTOCOLS%% *}:new_ext_text" \
+            || has_variant "${PROTOCOLS%% *}:replay_ext_text_300"; then
+            echo "idem_claim_text (the request as JSON text, four arguments) beside idem_claim; replays of the"
+            echo "request of about 300 bytes (workload replay300) beside the SELECT with sha256 of the same text."
+            echo "Median tps, and medians of the rounds' ratios:"
+            echo
+            echo "| protocol | replays: idem_claim_text | / SELECT + sha256 | / idem_claim | 300 B: idem_claim_text | idem_claim | SELECT + sha256 | idem_claim_text / SELECT + sha256 | new keys: idem_claim_text | / idem_claim |"
+            echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            for p in $PROTOCOLS; do
+                printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$p" \
+                    "$(tps_or_dash "$p:replay_ext_text")" "$(rr "$p:replay_ext_text" "$p:replay_floor_hash")" \
+                    "$(rr "$p:replay_ext_text" "$p:replay_ext")" \
+                    "$(tps_or_dash "$p:replay_ext_text_300")" "$(tps_or_dash "$p:replay_ext_300")" \
+                    "$(tps_or_dash "$p:replay_floor_hash_300")" \
+                    "$(rr "$p:replay_ext_text_300" "$p:replay_floor_hash_300")" \
+                    "$(tps_or_dash "$p:new_ext_text")" "$(rr "$p:new_ext_text" "$p:new_ext")"
+            done
+            echo
+        fi
         if has_variant prepared:new_ext_sync; then
             echo "Every variant commits asynchronously (synchronous_commit = off, idempotency.synchronous_outcomes = off)."
             echo "With idempotency.synchronous_outcomes on, its default, every new key's transaction waits for its WAL"
@@ -453,6 +474,22 @@ part_instructions() {
                 printf ' %s |' "$(awk -F'\t' -v v="$p:$v" '$1 == v { printf "%.0f", $2 }' "$results")"
             done
             echo
+        done
+        echo
+        echo "idem_claim_text (the request as JSON text, four arguments) beside idem_claim, and replays of a request"
+        echo "of about 300 bytes; in brackets the SELECT with sha256's count / the extension's (above 1: fewer):"
+        echo
+        echo "| protocol | replays: idem_claim | idem_claim_text | SELECT + sha256 | 300 B: idem_claim | idem_claim_text | SELECT + sha256 | new keys: idem_claim | idem_claim_text |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for p in $PROTOCOLS; do
+            awk -F'\t' -v p="$p" '{ split($1, k, ":"); if (k[1] == p) n[k[2]] = $2 }
+                function c(v) { return (v in n) ? sprintf("%.0f", n[v]) : "" }
+                function r(v, b) { return (v in n && b in n) ? sprintf("%.0f (%.2f)", n[v], n[b] / n[v]) : c(v) }
+                END { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p,
+                      r("replay_ext", "replay_floor_hash"), r("replay_ext_text", "replay_floor_hash"),
+                      c("replay_floor_hash"), r("replay_ext_300", "replay_floor_hash_300"),
+                      r("replay_ext_text_300", "replay_floor_hash_300"), c("replay_floor_hash_300"),
+                      c("new_ext"), c("new_ext_text") }' "$results"
         done
         echo
     } | out

@@ -2,7 +2,9 @@
 # by it).  Reads files only.
 #
 # The released version is the same everywhere a user or a packager reads
-# it: the first heading of CHANGELOG.md (dated), META.json, the control
+# it: the first dated heading of CHANGELOG.md (an "## Unreleased" section
+# may come before it, and the control file's default_version be the next
+# SQL version then), META.json, the control
 # file's default_version, debian/changelog, the README (its version line and
 # the package's file name), and one licence, the PostgreSQL Licence, in
 # LICENSE and every manifest.  The SQL scripts of released versions never
@@ -15,7 +17,7 @@ e34bd1a7252673bea1947187e951bfca019440c50f28c9e9cad7a1352333ea3b  idempotency--1
 "
 
 run_release_suite() {
-    local r=$IDEM_ROOT version sqlversion v f rel_failed=0
+    local r=$IDEM_ROOT version sqlversion defaultversion v f rel_failed=0
     log "suite: release"
     # rel_check NAME EXPECTED ACTUAL
     rel_check() {
@@ -34,8 +36,17 @@ run_release_suite() {
     v=$(grep -m 1 '^## [0-9]' "$r/CHANGELOG.md")
     rel_check "CHANGELOG.md: the latest version is dated" \
         1 "$(echo "$v" | grep -cE '^## [0-9.]+ \([0-9]{4}-[0-9]{2}-[0-9]{2}\)$')"
-    rel_check "idempotency.control: default_version is $sqlversion" \
-        "default_version = '$sqlversion'" "$(grep '^default_version' "$r/idempotency.control")"
+    # Changes not released yet go under "## Unreleased", above the latest
+    # version: the default version may then be the next SQL version, which
+    # an update script from the released one reaches.
+    defaultversion=$sqlversion
+    if [ "$(grep -m 1 '^## ' "$r/CHANGELOG.md")" = "## Unreleased" ]; then
+        defaultversion=$(sed -nE "s/^default_version = '([0-9]+\.[0-9]+)'$/\1/p" "$r/idempotency.control")
+        rel_check "an update script from the released $sqlversion to the default version in DATA" 1 \
+            "$(grep -E '^DATA *=' "$r/Makefile" | grep -cE "idempotency--$sqlversion--$defaultversion\.sql")"
+    fi
+    rel_check "idempotency.control: default_version is $defaultversion" \
+        "default_version = '$defaultversion'" "$(grep '^default_version' "$r/idempotency.control")"
     rel_check "META.json: version $version" "$version $version" \
         "$(python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))
 print(m["version"], m["provides"]["idempotency"]["version"])' "$r/META.json")"
@@ -45,8 +56,8 @@ print(m["version"], m["provides"]["idempotency"]["version"])' "$r/META.json")"
     v=$(grep -oE 'postgresql-15-idempotency_[0-9.]+-[0-9]+_amd64\.deb' "$r/README.md" | sort -u | tr '\n' ' ')
     rel_check "README.md: installs postgresql-15-idempotency_$version-1_amd64.deb" \
         "postgresql-15-idempotency_$version-1_amd64.deb " "$v"
-    rel_check "an install path reaches version $sqlversion (idempotency--*$sqlversion.sql in DATA)" 1 \
-        "$(grep -E '^DATA *=' "$r/Makefile" | grep -cE "idempotency--([0-9.]+--)?$sqlversion\.sql")"
+    rel_check "an install path reaches version $defaultversion (idempotency--*$defaultversion.sql in DATA)" 1 \
+        "$(grep -E '^DATA *=' "$r/Makefile" | grep -cE "idempotency--([0-9.]+--)?$defaultversion\.sql")"
     rel_check "the released SQL scripts are unchanged" "" \
         "$(cd "$r" && echo "$IDEM_RELEASED_SQL" | sed '/^$/d' | sha256sum --quiet -c - 2>&1)"
     rel_check "LICENSE: the PostgreSQL Licence" 1 \

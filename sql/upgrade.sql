@@ -1,8 +1,9 @@
 --
 -- Version 1.0 installed, records of every state stored, then ALTER
--- EXTENSION UPDATE: every record is kept byte for byte, replays as before,
--- and 1.0 tokens still complete their attempts.  The updated extension's
--- objects equal those of a fresh install of the default version.
+-- EXTENSION UPDATE to 1.1 and on to the default version: every record is
+-- kept byte for byte, replays as before, and 1.0 tokens still complete
+-- their attempts.  The updated extension's objects equal those of a fresh
+-- install of the default version.
 --
 -- In a database of its own, so that the other tests' extension is untouched.
 --
@@ -78,18 +79,24 @@ GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
    TO regress_upgrade_app;
 GRANT SELECT ON idem_stats TO regress_upgrade_app;
 
+-- 1.0 to 1.1, then 1.1 to the default version: every record is kept at
+-- each step.
+ALTER EXTENSION idempotency UPDATE TO '1.1';
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+SELECT pg_temp.records_digest() = :'digest_1_0' AS every_record_kept;
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 
 SELECT pg_temp.records_digest() = :'digest_1_0' AS every_record_kept;
 
 -- The functions that gained raw_body keep those grants, as grants of the
--- user's (not in pg_init_privs), so that pg_dump still dumps them.
+-- user's (not in pg_init_privs), so that pg_dump still dumps them; 1.2's
+-- idem_claim_text is granted to whoever may execute idem_claim, the same way.
 SELECT p.oid::regprocedure AS function,
        has_function_privilege('regress_upgrade_app', p.oid, 'EXECUTE') AS app_may_execute,
        i.initprivs::text NOT LIKE '%regress_upgrade_app%' AS grant_is_the_users
   FROM pg_proc p JOIN pg_init_privs i ON i.objoid = p.oid AND i.classoid = 'pg_proc'::regclass
- WHERE p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_resolve')
+ WHERE p.proname IN ('idem_claim', 'idem_claim_text', 'idem_complete', 'idem_fail', 'idem_resolve')
  ORDER BY p.proname;
 -- idem_stats, replaced to add cleanup_overdue, keeps the grant made on it;
 -- the objects 1.1 adds are granted to nobody.
@@ -99,7 +106,7 @@ SELECT has_table_privilege('regress_upgrade_app', 'idem_stats', 'SELECT') AS sta
        has_function_privilege('regress_upgrade_app', 'idem_stat_reset()', 'EXECUTE') AS may_reset,
        has_function_privilege('regress_upgrade_app', 'idem_list(text, text, interval, integer)', 'EXECUTE') AS may_list;
 SELECT operation, state, records, expired_awaiting_cleanup, cleanup_overdue FROM idem_stats ORDER BY state;
-REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_resolve
+REVOKE EXECUTE ON FUNCTION idem_claim, idem_claim_text, idem_complete, idem_fail, idem_resolve
   FROM regress_upgrade_app;
 REVOKE SELECT ON idem_stats FROM regress_upgrade_app;
 DROP ROLE regress_upgrade_app;
@@ -119,6 +126,12 @@ SELECT key, outcome, state, attempt, http_status, headers, body, resource_id, er
                ('processing', '{"n": 4}'), ('unknown', '{"n": 5}')) AS r(key, request),
        idem_claim('op', r.key, r.request)
  ORDER BY key;
+-- idem_claim_text answers the same from the records 1.0 stored.
+SELECT key, outcome, state, http_status, body
+  FROM (VALUES ('succeeded', '{"b": 1, "a": [1.50, "x"]}'), ('failed', '{"n": 2}'),
+               ('failed', '{"n": 3}')) AS r(key, request),
+       idem_claim_text('op', r.key, r.request, '')
+ ORDER BY key, outcome;
 SELECT outcome, attempt, recovery_point
   FROM idem_claim('op', 'retryable', '{"n": 3}', lease => '1h');
 -- A record that expired before the update is a tombstone now, as the

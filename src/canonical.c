@@ -32,15 +32,26 @@
  * numbers are formatted from the base-10000 digits of the stored numeric,
  * without numeric_out and its allocation.
  *
+ * The same canonical text is also written straight from JSON text, for
+ * idem_claim_text (idem_fingerprint_json_text, at the end of this file):
+ * no jsonb value is built, and the text is read once.  It must give the
+ * jsonb's digest for every text jsonb_in accepts and jsonb_in's error for
+ * every other, so whatever its own reader does not take is read by
+ * PostgreSQL's JSON parser, the one jsonb_in uses.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "common/cryptohash.h"
+#include "common/jsonapi.h"
 #include "fmgr.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "port/pg_bswap.h"
+#include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/jsonfuncs.h"
 #include "utils/memutils.h"
 #include "utils/numeric.h"
 
@@ -88,6 +99,8 @@ typedef struct CanonMember
 	uint32		valoff;
 	uint32		vallen;
 	JEntry		valentry;
+	uint32		order;			/* from JSON text: position in the object */
+	bool		plain;			/* from JSON text: a name without escapes */
 } CanonMember;
 
 /* One open container of the walk. */
@@ -123,6 +136,8 @@ static void write_string(CanonSink *sink, const char *s, uint32 len);
 static char *numeric_digits(Numeric num, char *localbuf, int localsize,
 							int *ndigits, int *point, bool *negative);
 static void write_number(CanonSink *sink, Numeric num);
+static void write_decimal(CanonSink *sink, char *digits, int ndigits,
+						  int point, bool negative);
 static void sink_flush(CanonSink *sink);
 static void sink_reserve(CanonSink *sink, Size need);
 
@@ -199,6 +214,28 @@ compare_member_names(const CanonMember *a, const CanonMember *b)
 #define ST_SORT sort_members
 #define ST_ELEMENT_TYPE CanonMember
 #define ST_COMPARE(a, b) compare_member_names(a, b)
+#define ST_SCOPE static
+#define ST_DEFINE
+#include "lib/sort_template.h"
+
+/*
+ * Members of an object read from JSON text, by name, and among members of
+ * the same name the later first: jsonb keeps the last of them, and so
+ * does the text path (text_object_end).
+ */
+static inline int
+compare_text_members(const CanonMember *a, const CanonMember *b)
+{
+	int			c = compare_member_names(a, b);
+
+	if (c != 0)
+		return c;
+	return a->order > b->order ? -1 : (a->order < b->order ? 1 : 0);
+}
+
+#define ST_SORT sort_text_members
+#define ST_ELEMENT_TYPE CanonMember
+#define ST_COMPARE(a, b) compare_text_members(a, b)
 #define ST_SCOPE static
 #define ST_DEFINE
 #include "lib/sort_template.h"
@@ -853,13 +890,27 @@ write_number(CanonSink *sink, Numeric num)
 	int			ndigits;
 	int			point;
 	bool		negative;
+
+	digits = numeric_digits(num, localbuf, sizeof(localbuf),
+							&ndigits, &point, &negative);
+	write_decimal(sink, digits, ndigits, point, negative);
+	if (digits != localbuf)
+		pfree(digits);
+}
+
+/*
+ * Write the decimal value of ndigits decimal digits with the decimal point
+ * at index point (it may lie before the first or after the last: the
+ * missing digits are zeros), in the form write_number describes.
+ */
+static void
+write_decimal(CanonSink *sink, char *digits, int ndigits, int point,
+			  bool negative)
+{
 	int			first;
 	int			last;
 	int			n;
 	int			k;
-
-	digits = numeric_digits(num, localbuf, sizeof(localbuf),
-							&ndigits, &point, &negative);
 
 	/* s is digits[first..last), the decimal point is at index point */
 	for (first = 0; first < ndigits && digits[first] == '0'; first++)
@@ -910,7 +961,690 @@ write_number(CanonSink *sink, Numeric num)
 						  n - 1 >= 0 ? '+' : '-', abs(n - 1));
 		sink_write(sink, expbuf, explen);
 	}
+}
 
-	if (digits != localbuf)
-		pfree(digits);
+/* ---------------------------------------------------------------------
+ * The fingerprint of JSON text, without building a jsonb value
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Longest JSON text fingerprinted straight from the text, in bytes.  A
+ * longer text goes through jsonb_in and the walk above: an object's
+ * members are reordered by copying their canonical text once per level of
+ * nesting of objects, which a bound on the whole keeps small, and every
+ * limit of jsonb (string and container sizes) lies far beyond it.
+ */
+#define CANON_DIRECT_MAX	16384
+
+/* Numbers of at most this many characters are canonicalized directly. */
+#define CANON_DIRECT_NUMBER_MAX	40
+
+/* One open container of JSON text being canonicalized. */
+typedef struct TextFrame
+{
+	Size		start;			/* where its text starts in the sink */
+	uint32		members;		/* objects: first member in the member stack */
+	uint32		count;			/* elements or members so far */
+	bool		is_object;
+} TextFrame;
+
+/* The state of the parse: the canonical text so far and open containers. */
+typedef struct TextCanon
+{
+	CanonSink	sink;
+	TextFrame  *frames;
+	int			nframes;
+	int			maxframes;
+	CanonMember *members;
+	uint32		nmembers;
+	uint32		maxmembers;
+	char	   *scratch;		/* where an object's values are copied aside */
+	Size		scratchcap;
+} TextCanon;
+
+/*
+ * Containers nested deeper than this are left to PostgreSQL's parser, which
+ * checks the stack depth as jsonb_in does.
+ */
+#define CANON_DIRECT_DEPTH	256
+
+/*
+ * The callbacks of PostgreSQL's JSON parser return an error code from
+ * version 16 on.
+ */
+#if PG_VERSION_NUM >= 160000
+#define TEXT_CANON_ACTION JsonParseErrorType
+#define TEXT_CANON_DONE return JSON_SUCCESS
+#else
+#define TEXT_CANON_ACTION void
+#define TEXT_CANON_DONE return
+#endif
+
+static void text_canon_init(TextCanon *state, int len);
+static bool text_canonical_direct(const char *json, int len, TextCanon *state);
+static void text_canonical_parser(const char *json, int len, TextCanon *state);
+static void write_number_text(CanonSink *sink, const char *token, int len);
+
+/*
+ * SHA-256 of the canonical text of the JSON value that a text holds, the
+ * same digest as idem_fingerprint_jsonb gives for that text cast to jsonb,
+ * written to digest.  Text that jsonb refuses is refused with the same
+ * error, by the same parser.
+ *
+ * The text is written in canonical form as it is read: scalars as the walk
+ * writes them, each object's members sorted once the object ends, a
+ * repeated name keeping its last value, as jsonb does.  No jsonb value is
+ * built.  A reader of its own takes the common text, without escapes in
+ * its strings (text_canonical_direct); anything else, and anything that
+ * reader does not accept, is read again by PostgreSQL's JSON parser, the
+ * one jsonb_in uses, which raises jsonb_in's errors.
+ */
+void
+idem_fingerprint_json_text(text *json, uint8 *digest)
+{
+	static MemoryContext parsecxt = NULL;
+	MemoryContext callercxt = CurrentMemoryContext;
+	TextCanon	state;
+	const char *data = VARDATA_ANY(json);
+	int			len = VARSIZE_ANY_EXHDR(json);
+
+	if (len > CANON_DIRECT_MAX)
+	{
+		Datum		jb = DirectFunctionCall1(jsonb_in,
+											 CStringGetDatum(text_to_cstring(json)));
+
+		idem_fingerprint_jsonb(DatumGetJsonbP(jb), digest);
+		return;
+	}
+
+	/*
+	 * One context for the whole backend, emptied after each text (and
+	 * before, after a text whose parse raised an error): cheaper than a
+	 * context made and deleted for each.
+	 */
+	if (parsecxt == NULL)
+		parsecxt = AllocSetContextCreate(TopMemoryContext,
+										 "idempotency fingerprint of JSON text",
+										 ALLOCSET_DEFAULT_SIZES);
+	MemoryContextReset(parsecxt);
+	MemoryContextSwitchTo(parsecxt);
+	text_canon_init(&state, len);
+	if (!text_canonical_direct(data, len, &state))
+	{
+		text_canon_init(&state, len);
+		text_canonical_parser(data, len, &state);
+	}
+	idem_sha256((const uint8 *) state.sink.buf, state.sink.len, digest);
+	MemoryContextSwitchTo(callercxt);
+	MemoryContextReset(parsecxt);
+}
+
+/* An empty state for a text of len bytes, in the current memory context. */
+static void
+text_canon_init(TextCanon *state, int len)
+{
+	state->sink.start = 0;
+	state->sink.cap = Max(CANON_TEXT_INITIAL, (Size) len + 1);
+	state->sink.buf = palloc(state->sink.cap);
+	state->sink.len = 0;
+	state->sink.hashing = false;
+	state->sink.hash = NULL;
+	state->maxframes = 16;
+	state->frames = palloc(sizeof(TextFrame) * state->maxframes);
+	state->nframes = 0;
+	state->maxmembers = 64;
+	state->members = palloc(sizeof(CanonMember) * state->maxmembers);
+	state->nmembers = 0;
+	state->scratch = NULL;
+	state->scratchcap = 0;
+}
+
+/*
+ * Write a string that holds nothing RFC 8785 escapes (no control character,
+ * quote or backslash), as write_string would, without looking for one.
+ */
+static inline void
+write_plain_string(CanonSink *sink, const char *s, uint32 len)
+{
+	sink_reserve(sink, len + 2);
+	sink->buf[sink->len++] = '"';
+	memcpy(sink->buf + sink->len, s, len);
+	sink->len += len;
+	sink->buf[sink->len++] = '"';
+}
+
+/* Open a container of the text: push its frame. */
+static void
+text_push(TextCanon *state, bool is_object)
+{
+	TextFrame  *frame;
+
+	if (state->nframes == state->maxframes)
+	{
+		state->maxframes *= 2;
+		state->frames = repalloc(state->frames,
+								 sizeof(TextFrame) * state->maxframes);
+	}
+	frame = &state->frames[state->nframes++];
+	frame->start = state->sink.len;
+	frame->members = state->nmembers;
+	frame->count = 0;
+	frame->is_object = is_object;
+}
+
+/*
+ * A member of the innermost object begins: its name, unescaped; plain when
+ * it holds nothing RFC 8785 escapes.
+ */
+static void
+text_member_start(TextCanon *state, const char *key, uint32 keylen,
+				  bool plain)
+{
+	TextFrame  *frame = &state->frames[state->nframes - 1];
+	CanonMember *m;
+
+	if (state->nmembers == state->maxmembers)
+	{
+		state->maxmembers *= 2;
+		state->members = repalloc(state->members,
+								  sizeof(CanonMember) * state->maxmembers);
+	}
+	m = &state->members[state->nmembers++];
+	m->key = key;
+	m->keylen = keylen;
+	m->prefix = member_name_prefix(key, keylen);
+	m->order = frame->count++;
+	m->valoff = state->sink.len - frame->start;
+	m->vallen = 0;
+	m->plain = plain;
+}
+
+/* The value of the innermost object's last member is written. */
+static void
+text_member_end(TextCanon *state)
+{
+	TextFrame  *frame = &state->frames[state->nframes - 1];
+	CanonMember *m = &state->members[state->nmembers - 1];
+
+	m->vallen = state->sink.len - frame->start - m->valoff;
+}
+
+/*
+ * Close an object: its members' values were written one after the other
+ * where the object starts; they are copied aside and written back in
+ * canonical order with their names, the last of each name only.
+ */
+static void
+text_object_close(TextCanon *state)
+{
+	TextFrame  *frame = &state->frames[state->nframes - 1];
+	CanonMember *members = &state->members[frame->members];
+	uint32		count = state->nmembers - frame->members;
+	Size		valueslen = state->sink.len - frame->start;
+	char	   *values = state->scratch;
+	uint32		i;
+
+	if (valueslen > state->scratchcap)
+	{
+		state->scratchcap = Max(valueslen, (Size) 256);
+		state->scratch = values = state->scratch ?
+			repalloc(state->scratch, state->scratchcap) :
+			palloc(state->scratchcap);
+	}
+	if (valueslen > 0)
+		memcpy(values, state->sink.buf + frame->start, valueslen);
+	if (count > 1)
+		sort_text_members(members, count);
+
+	state->sink.len = frame->start;
+	sink_putc(&state->sink, '{');
+	for (i = 0; i < count; i++)
+	{
+		CanonMember *m = &members[i];
+
+		/* after the last member of a name, its earlier ones */
+		if (i > 0 && m->keylen == members[i - 1].keylen &&
+			memcmp(m->key, members[i - 1].key, m->keylen) == 0)
+			continue;
+		if (i > 0)
+			sink_putc(&state->sink, ',');
+		if (m->plain)
+			write_plain_string(&state->sink, m->key, m->keylen);
+		else
+			write_string(&state->sink, m->key, m->keylen);
+		sink_putc(&state->sink, ':');
+		sink_write(&state->sink, values + m->valoff, m->vallen);
+	}
+	sink_putc(&state->sink, '}');
+
+	state->nmembers = frame->members;
+	state->nframes--;
+}
+
+/* Open an array. */
+static void
+text_array_open(TextCanon *state)
+{
+	text_push(state, false);
+	sink_putc(&state->sink, '[');
+}
+
+/* An element of the innermost array begins. */
+static void
+text_element_start(TextCanon *state)
+{
+	TextFrame  *frame = &state->frames[state->nframes - 1];
+
+	if (frame->count++ > 0)
+		sink_putc(&state->sink, ',');
+}
+
+/* Close an array. */
+static void
+text_array_close(TextCanon *state)
+{
+	sink_putc(&state->sink, ']');
+	state->nframes--;
+}
+
+/*
+ * Whether a byte may continue a token of PostgreSQL's JSON lexer (its
+ * JSON_ALPHANUMERIC_CHAR): a number or keyword followed by one is not a
+ * token the direct reader takes.
+ */
+static inline bool
+text_token_char(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		(c >= '0' && c <= '9') || c == '_' || c >= 0x80;
+}
+
+/*
+ * The end of a string's text that starts at p: the closing quote, or NULL
+ * when a backslash, a control character or the end of the text comes
+ * first (a string to leave to PostgreSQL's parser).
+ */
+static pg_attribute_always_inline const char *
+plain_string_end(const char *p, const char *end)
+{
+	for (;;)
+	{
+		uint64		word;
+
+		if (end - p >= (ptrdiff_t) sizeof(uint64))
+		{
+			memcpy(&word, p, sizeof(uint64));
+			if (!word_needs_escape(word))
+			{
+				p += sizeof(uint64);
+				continue;
+			}
+		}
+		if (p == end || *p == '\\' || (unsigned char) *p < 0x20)
+			return NULL;
+		if (*p == '"')
+			return p;
+		p++;
+	}
+}
+
+/*
+ * Read the common JSON text straight into state: whitespace, the six
+ * structural characters, strings without a backslash, numbers and the
+ * three keywords, at most CANON_DIRECT_DEPTH containers deep.  Returns
+ * false at anything else, valid or not, with state left half-written: the
+ * caller reads the text again with PostgreSQL's parser, which decides.
+ * What it accepts is a subset of what that parser accepts, and it writes
+ * the same canonical text for it.
+ */
+static bool
+text_canonical_direct(const char *json, int len, TextCanon *state)
+{
+	const char *p = json;
+	const char *end = json + len;
+
+#define SKIP_WHITESPACE() \
+	while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) \
+		p++
+
+value:
+	SKIP_WHITESPACE();
+	if (p == end)
+		return false;
+	switch (*p)
+	{
+		case '{':
+			if (state->nframes >= CANON_DIRECT_DEPTH)
+				return false;
+			p++;
+			text_push(state, true);
+			SKIP_WHITESPACE();
+			if (p < end && *p == '}')
+			{
+				p++;
+				text_object_close(state);
+				goto after_value;
+			}
+			goto member;
+		case '[':
+			if (state->nframes >= CANON_DIRECT_DEPTH)
+				return false;
+			p++;
+			text_array_open(state);
+			SKIP_WHITESPACE();
+			if (p < end && *p == ']')
+			{
+				p++;
+				text_array_close(state);
+				goto after_value;
+			}
+			text_element_start(state);
+			goto value;
+		case '"':
+			{
+				const char *s = ++p;
+
+				if ((p = plain_string_end(p, end)) == NULL)
+					return false;
+				write_plain_string(&state->sink, s, p - s);
+				p++;
+			}
+			goto after_value;
+		case 't':
+			if (end - p < 4 || memcmp(p, "true", 4) != 0)
+				return false;
+			p += 4;
+			if (p < end && text_token_char(*p))
+				return false;
+			sink_write(&state->sink, "true", 4);
+			goto after_value;
+		case 'f':
+			if (end - p < 5 || memcmp(p, "false", 5) != 0)
+				return false;
+			p += 5;
+			if (p < end && text_token_char(*p))
+				return false;
+			sink_write(&state->sink, "false", 5);
+			goto after_value;
+		case 'n':
+			if (end - p < 4 || memcmp(p, "null", 4) != 0)
+				return false;
+			p += 4;
+			if (p < end && text_token_char(*p))
+				return false;
+			sink_write(&state->sink, "null", 4);
+			goto after_value;
+		default:
+			{
+				/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
+				const char *s = p;
+
+				if (p < end && *p == '-')
+					p++;
+				if (p == end || *p < '0' || *p > '9')
+					return false;
+				if (*p == '0')
+					p++;
+				else
+					while (p < end && *p >= '0' && *p <= '9')
+						p++;
+				if (p < end && *p == '.')
+				{
+					p++;
+					if (p == end || *p < '0' || *p > '9')
+						return false;
+					while (p < end && *p >= '0' && *p <= '9')
+						p++;
+				}
+				if (p < end && (*p == 'e' || *p == 'E'))
+				{
+					p++;
+					if (p < end && (*p == '+' || *p == '-'))
+						p++;
+					if (p == end || *p < '0' || *p > '9')
+						return false;
+					while (p < end && *p >= '0' && *p <= '9')
+						p++;
+				}
+				if (p < end && text_token_char(*p))
+					return false;
+				write_number_text(&state->sink, s, p - s);
+			}
+			goto after_value;
+	}
+
+member:
+	/* a member's name, then its value; at most one object's members sorted */
+	SKIP_WHITESPACE();
+	if (p == end || *p != '"')
+		return false;
+	{
+		const char *s = ++p;
+
+		/* names are short: byte by byte */
+		while (p < end && *p != '"' && *p != '\\' && (unsigned char) *p >= 0x20)
+			p++;
+		if (p == end || *p != '"')
+			return false;
+		text_member_start(state, s, p - s, true);
+		p++;
+	}
+	SKIP_WHITESPACE();
+	if (p == end || *p != ':')
+		return false;
+	p++;
+	goto value;
+
+after_value:
+	if (state->nframes > 0 && state->frames[state->nframes - 1].is_object)
+		text_member_end(state);
+	SKIP_WHITESPACE();
+	if (state->nframes == 0)
+		return p == end;
+	if (p == end)
+		return false;
+	if (*p == ',')
+	{
+		p++;
+		if (state->frames[state->nframes - 1].is_object)
+			goto member;
+		text_element_start(state);
+		goto value;
+	}
+	if (*p == '}' && state->frames[state->nframes - 1].is_object)
+	{
+		p++;
+		text_object_close(state);
+		goto after_value;
+	}
+	if (*p == ']' && !state->frames[state->nframes - 1].is_object)
+	{
+		p++;
+		text_array_close(state);
+		goto after_value;
+	}
+	return false;
+
+#undef SKIP_WHITESPACE
+}
+
+/* The callbacks of PostgreSQL's JSON parser, on the functions above. */
+static TEXT_CANON_ACTION
+text_object_start(void *arg)
+{
+	text_push((TextCanon *) arg, true);
+	TEXT_CANON_DONE;
+}
+
+static TEXT_CANON_ACTION
+text_object_field_start(void *arg, char *fname, bool isnull)
+{
+	(void) isnull;
+	text_member_start((TextCanon *) arg, fname, strlen(fname), false);
+	TEXT_CANON_DONE;
+}
+
+static TEXT_CANON_ACTION
+text_object_field_end(void *arg, char *fname, bool isnull)
+{
+	(void) fname;
+	(void) isnull;
+	text_member_end((TextCanon *) arg);
+	TEXT_CANON_DONE;
+}
+
+static TEXT_CANON_ACTION
+text_object_end(void *arg)
+{
+	text_object_close((TextCanon *) arg);
+	TEXT_CANON_DONE;
+}
+
+static TEXT_CANON_ACTION
+text_array_start(void *arg)
+{
+	text_array_open((TextCanon *) arg);
+	TEXT_CANON_DONE;
+}
+
+static TEXT_CANON_ACTION
+text_array_element_start(void *arg, bool isnull)
+{
+	(void) isnull;
+	text_element_start((TextCanon *) arg);
+	TEXT_CANON_DONE;
+}
+
+static TEXT_CANON_ACTION
+text_array_end(void *arg)
+{
+	text_array_close((TextCanon *) arg);
+	TEXT_CANON_DONE;
+}
+
+static TEXT_CANON_ACTION
+text_scalar(void *arg, char *token, JsonTokenType tokentype)
+{
+	TextCanon  *state = (TextCanon *) arg;
+
+	switch (tokentype)
+	{
+		case JSON_TOKEN_STRING:
+			write_string(&state->sink, token, strlen(token));
+			break;
+		case JSON_TOKEN_NUMBER:
+			write_number_text(&state->sink, token, strlen(token));
+			break;
+		case JSON_TOKEN_TRUE:
+			sink_write(&state->sink, "true", 4);
+			break;
+		case JSON_TOKEN_FALSE:
+			sink_write(&state->sink, "false", 5);
+			break;
+		case JSON_TOKEN_NULL:
+			sink_write(&state->sink, "null", 4);
+			break;
+		default:
+			elog(ERROR, "unexpected JSON token type: %d", (int) tokentype);
+	}
+	TEXT_CANON_DONE;
+}
+
+/*
+ * Parse len bytes of JSON text with PostgreSQL's JSON parser, as jsonb_in
+ * does, and leave its canonical text in state->sink.  Errors are
+ * jsonb_in's: the same parser raises them.
+ */
+static void
+text_canonical_parser(const char *json, int len, TextCanon *state)
+{
+	JsonLexContext *lex;
+	JsonSemAction sem;
+
+	memset(&sem, 0, sizeof(sem));
+	sem.semstate = state;
+	sem.object_start = text_object_start;
+	sem.object_end = text_object_end;
+	sem.object_field_start = text_object_field_start;
+	sem.object_field_end = text_object_field_end;
+	sem.array_start = text_array_start;
+	sem.array_end = text_array_end;
+	sem.array_element_start = text_array_element_start;
+	sem.scalar = text_scalar;
+
+#if PG_VERSION_NUM >= 170000
+	lex = makeJsonLexContextCstringLen(NULL, json, len, GetDatabaseEncoding(), true);
+#else
+	lex = makeJsonLexContextCstringLen((char *) json, len, GetDatabaseEncoding(), true);
+#endif
+	pg_parse_json_or_ereport(lex, &sem);
+}
+
+/*
+ * Write a number token of JSON text (len bytes) as write_number writes the
+ * jsonb numeric it stands for.  A short token with an exponent of at most
+ * three digits is read digit by digit: its value fits numeric (numeric_in
+ * would accept it) and is exact in both.  Any other goes through
+ * numeric_in, so that a number numeric cannot hold raises numeric_in's
+ * error, as it does in jsonb_in.
+ */
+static void
+write_number_text(CanonSink *sink, const char *token, int len)
+{
+	char		digits[CANON_DIRECT_NUMBER_MAX];
+	int			ndigits = 0;
+	int			point;
+	int			exponent = 0;
+	bool		negative = false;
+	const char *p = token;
+	const char *end = token + len;
+
+	if (len > CANON_DIRECT_NUMBER_MAX)
+		goto through_numeric;
+
+	/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, checked by the reader */
+	if (p < end && *p == '-')
+	{
+		negative = true;
+		p++;
+	}
+	while (p < end && *p >= '0' && *p <= '9')
+		digits[ndigits++] = *p++;
+	point = ndigits;
+	if (p < end && *p == '.')
+	{
+		p++;
+		while (p < end && *p >= '0' && *p <= '9')
+			digits[ndigits++] = *p++;
+	}
+	if (p < end && (*p == 'e' || *p == 'E'))
+	{
+		bool		negative_exponent = false;
+		int			expdigits = 0;
+
+		p++;
+		if (p < end && (*p == '+' || *p == '-'))
+			negative_exponent = *p++ == '-';
+		while (p < end && *p >= '0' && *p <= '9')
+		{
+			if (++expdigits > 3)
+				goto through_numeric;
+			exponent = exponent * 10 + (*p++ - '0');
+		}
+		if (negative_exponent)
+			exponent = -exponent;
+	}
+	if (p != end || ndigits == 0)
+		elog(ERROR, "unexpected JSON number: \"%.*s\"", len, token);
+
+	write_decimal(sink, digits, ndigits, point + exponent, negative);
+	return;
+
+through_numeric:
+	write_number(sink,
+				 DatumGetNumeric(DirectFunctionCall3(numeric_in,
+													 CStringGetDatum(pnstrdup(token, len)),
+													 ObjectIdGetDatum(InvalidOid),
+													 Int32GetDatum(-1))));
 }

@@ -20,4 +20,10 @@ extern char *idem_canonical_cstring(Jsonb *jb, int *len);
 /* SHA-256 of the canonical text of a jsonb value, into digest. */
 extern void idem_fingerprint_jsonb(Jsonb *jb, uint8 *digest);
 
+/*
+ * The same digest for the JSON value a text holds, without building a
+ * jsonb value; text that jsonb refuses raises jsonb_in's error.
+ */
+extern void idem_fingerprint_json_text(text *json, uint8 *digest);
+
 #endif							/* IDEM_CANONICAL_H */

@@ -77,6 +77,7 @@
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(idem_claim);
+PG_FUNCTION_INFO_V1(idem_claim_text);
 PG_FUNCTION_INFO_V1(idem_replay);
 PG_FUNCTION_INFO_V1(idem_inbox);
 PG_FUNCTION_INFO_V1(idem_claim_many);
@@ -179,6 +180,44 @@ idem_claim(PG_FUNCTION_ARGS)
 	else
 		idem_fingerprint_jsonb(PG_GETARG_JSONB_P(2), req.fingerprint);
 	claim_options(fcinfo, 5, &req);
+	req.may_stay_pending = true;
+
+	claim_key(&req, &answer);
+	PG_RETURN_DATUM(answer_datum(fcinfo, &answer));
+}
+
+/*
+ * idem_claim_text(operation, key, request, tenant) returns idem_decision
+ * (version 1.2)
+ *
+ * idem_claim's answer for the same key and request, with every option at
+ * its default (the caller the calling role, the settings' ttl, lease and
+ * wait, on_lease_expiry 'unknown', on_expired 'reject'), for the SQL that
+ * client libraries send on every request: four arguments, and the request
+ * as JSON text, fingerprinted from the text without building a jsonb
+ * value.  Its fingerprint is the same as the jsonb's, and text that jsonb
+ * refuses is refused with the same error, before anything is read or
+ * written.
+ */
+Datum
+idem_claim_text(PG_FUNCTION_ARGS)
+{
+	ClaimRequest req;
+	IdemAnswer	answer;
+
+	/* the request first, as idem_claim's argument is cast before the call */
+	if (PG_ARGISNULL(2))
+		empty_request_fingerprint(req.fingerprint);
+	else
+		idem_fingerprint_json_text(PG_GETARG_TEXT_PP(2), req.fingerprint);
+	read_scope(fcinfo, 0, 1, 3, -1, &req.scope);
+	req.ttl = seconds_interval(idem_default_ttl_s);
+	(void) idem_interval_usecs(req.ttl, "ttl", false);
+	req.lease_usecs = (int64) idem_default_lease_ms * 1000;
+	req.wait_usecs = (int64) idem_claim_wait_ms * 1000;
+	req.on_lease_expiry = IDEM_POLICY_UNKNOWN;
+	req.proceed_expired = false;
+	req.inbox = false;
 	req.may_stay_pending = true;
 
 	claim_key(&req, &answer);
@@ -946,7 +985,8 @@ sleep_until(TimestampTz until, int *step_ms)
 }
 
 /*
- * Read and check the scope and key from the given arguments.
+ * Read and check the scope and key from the given arguments; caller_arg -1
+ * means the calling role, as the caller argument's default current_user.
  */
 static void
 read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
@@ -955,12 +995,13 @@ read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
 	idem_require_arg(fcinfo, operation_arg, "operation");
 	idem_require_arg(fcinfo, key_arg, "key");
 	idem_require_arg(fcinfo, tenant_arg, "tenant");
-	idem_require_arg(fcinfo, caller_arg, "caller");
+	if (caller_arg >= 0)
+		idem_require_arg(fcinfo, caller_arg, "caller");
 	scope->role = idem_calling_role();
 	scope->operation = PG_GETARG_TEXT_PP(operation_arg);
 	scope->key = PG_GETARG_TEXT_PP(key_arg);
 	scope->tenant = PG_GETARG_TEXT_PP(tenant_arg);
-	scope->caller = PG_GETARG_TEXT_PP(caller_arg);
+	scope->caller = caller_arg >= 0 ? PG_GETARG_TEXT_PP(caller_arg) : scope->role;
 	idem_check_name(scope->operation, "operation", false);
 	idem_check_key(scope->key);
 	idem_check_name(scope->tenant, "tenant", true);

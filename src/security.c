@@ -46,6 +46,7 @@
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/inval.h"
 #include "utils/syscache.h"
 
 #include "catalog.h"
@@ -54,6 +55,16 @@
 #include "sha256.h"
 
 static Oid	records_owner(void);
+static void forget_role_name(Datum arg, int cacheid, uint32 hashvalue);
+
+/*
+ * The name of the role the last call acted for, kept between calls: every
+ * claim names its role, and a role is rarely renamed.  Any change to
+ * pg_authid forgets it, at the moments the catalog caches themselves
+ * learn of changes.
+ */
+static Oid	role_name_oid = InvalidOid;
+static char role_name[NAMEDATALEN];
 
 /*
  * Name of the role the call acts for: current_user when the function was
@@ -62,7 +73,30 @@ static Oid	records_owner(void);
 text *
 idem_calling_role(void)
 {
-	return cstring_to_text(GetUserNameFromId(GetUserId(), false));
+	static bool callback_registered = false;
+	Oid			roleid = GetUserId();
+
+	if (roleid != role_name_oid)
+	{
+		if (!callback_registered)
+		{
+			CacheRegisterSyscacheCallback(AUTHOID, forget_role_name, (Datum) 0);
+			callback_registered = true;
+		}
+		strlcpy(role_name, GetUserNameFromId(roleid, false), NAMEDATALEN);
+		role_name_oid = roleid;
+	}
+	return cstring_to_text(role_name);
+}
+
+/* A syscache callback: pg_authid changed, the name kept may be stale. */
+static void
+forget_role_name(Datum arg, int cacheid, uint32 hashvalue)
+{
+	(void) arg;
+	(void) cacheid;
+	(void) hashvalue;
+	role_name_oid = InvalidOid;
 }
 
 /*

@@ -2,7 +2,8 @@
 """Randomized invariant checker of the idempotency extension.
 
 Many connections drive a few keys through every path that can decide a key
-is free or write its record, at once and at random: idem_claim in a
+is free or write its record, at once and at random: idem_claim (and
+idem_claim_text, the request as JSON text) in a
 transaction block with the completion in it, idem_claim outside a block
 (the external-call form: complete, fail, heartbeat, checkpoint or abandon
 the lease), idem_claim_many, idem_inbox, idem_replay, idem_resolve of
@@ -119,7 +120,8 @@ class Client(threading.Thread):
 
     def actions(self):
         """The requests, with their weights."""
-        return [(30, self.in_block), (20, self.external), (15, self.claim_many),
+        return [(22, self.in_block), (8, self.in_block_text), (20, self.external),
+                (15, self.claim_many),
                 (12, self.inbox), (8, self.replay), (5, self.resolve),
                 (10, self.maintenance)]
 
@@ -208,12 +210,26 @@ class Client(threading.Thread):
 
     # -- the requests ----------------------------------------------------
 
-    def in_block(self):
+    def in_block_text(self):
+        """As in_block, through idem_claim_text: operation pay (its ttl is
+        the setting's day), the request as JSON text, the default lease and
+        policy (unknown)."""
+        self.in_block(text=True)
+
+    def in_block(self, text=False):
         """Claim, act, complete or fail, and commit (or roll back) at once."""
         op, key, policy, lease = self.operation(), self.key(), self.policy(), self.lease()
         self.begin()
-        outcome, token, record_id, attempt, body = self.claim(op, key, policy, lease)
-        self.saw(op, key, outcome, record_id, body)
+        if text:
+            op, policy = "pay", "unknown"
+            self.cur.execute(
+                "SELECT outcome, token, record_id, attempt, body::text"
+                "  FROM idem_claim_text('pay', %s, %s, '')",
+                (key, json.dumps({"key": key})))
+            outcome, token, record_id, attempt, body = self.cur.fetchone()
+        else:
+            outcome, token, record_id, attempt, body = self.claim(op, key, policy, lease)
+        self.saw(op, key, outcome, record_id, body, "idem_claim_text" if text else "idem_claim")
         left = None
         if outcome == "proceed":
             time.sleep(self.rng.choice((0, 0, 0.002)))
@@ -224,7 +240,8 @@ class Client(threading.Thread):
             return
         self.cur.execute("COMMIT")
         if outcome == "proceed":
-            self.log.proceeded(op, key, record_id, attempt, "claim in a block", policy)
+            self.log.proceeded(op, key, record_id, attempt,
+                               "idem_claim_text in a block" if text else "claim in a block", policy)
             if left is not None:
                 self.log.stored(left[0], op, key, record_id)
                 if left[1]:
