@@ -61,7 +61,7 @@ $$;
 -- The application role gets the API and nothing on idem_records itself:
 -- the functions reach the table as its owner, and each role sees only its
 -- own records.
-GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_heartbeat,
+GRANT EXECUTE ON FUNCTION idem_claim, idem_claim_text, idem_complete, idem_fail, idem_heartbeat,
                           idem_checkpoint, idem_replay TO idem_app;
 
 -- The business table.  The payment is written in the same transaction as the

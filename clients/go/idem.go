@@ -218,7 +218,7 @@ func refuse(err error) *Response {
 	switch sqlState(err) {
 	case "22023", "22004":
 		r = errorResponse(400, "IDEMPOTENCY_KEY_INVALID", err.Error())
-	case "22P02", "22P05":
+	case "22P02", "22P05", "22003":
 		r = errorResponse(400, "INVALID_REQUEST", err.Error())
 	default:
 		return nil

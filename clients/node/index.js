@@ -41,8 +41,9 @@ const { createHash } = require('node:crypto');
 
 // SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
 const BAD_KEY = new Set(['22023', '22004']);
-// The request was not JSON that jsonb accepts (a \u0000 escape, say).
-const BAD_REQUEST = new Set(['22P02', '22P05']);
+// The request was not JSON that jsonb accepts (a \u0000 escape, say),
+// or a number outside numeric's range (22003).
+const BAD_REQUEST = new Set(['22P02', '22P05', '22003']);
 const STALE_TOKEN = '55000';
 // A prepared statement missing (26000), or one of that name already there
 // (42P05): the connection is not the one the statements were prepared on.
@@ -251,6 +252,29 @@ class Idempotency {
     this.parked = []; // [client, its 'error' listener]
     this.parkTimer = null;
     this.parkMillis = 1;
+    // Whether claims can go to idem_claim_text: undefined until asked (at
+    // the first call), then true or false.
+    this.claimText = undefined;
+  }
+
+  // Whether a claim of this shape goes to idem_claim_text: no option given
+  // but the tenant, and the function there for this role.
+  textClaim(shape) {
+    return this.claimText === true && (shape === '' || shape === '0');
+  }
+
+  // Ask the server, once, whether idem_claim_text is there for this role.
+  // An error leaves it unknown (asked again at the next call); the call
+  // goes to idem_claim meanwhile.
+  async learnClaimText() {
+    const name = `${this.prefix}idem_claim_text(text, text, text, text)`;
+    try {
+      const { rows: [row] } = await this.pool.query(
+        "SELECT coalesce(has_function_privilege(to_regprocedure($1), 'EXECUTE'), false) AS usable", [name]);
+      this.claimText = row.usable === true;
+    } catch {
+      this.claimText = undefined;
+    }
   }
 
   // A call with the instance's defaults, its values as literals: args, the
@@ -274,11 +298,20 @@ class Idempotency {
         shape += i;
       }
     }
+    // idem_claim_text takes its four arguments all given (a default would
+    // be read back from the catalog at every call).
+    if (shape === '' && this.textClaim(shape)) args.push("''");
     return { args, shape };
   }
 
   // idem_claim's SELECT over the arguments given: literals, or parameters.
+  // A call with no option but the tenant goes to idem_claim_text where the
+  // server has it (version 1.2) and lets this role run it: the same answer
+  // and records, its request read from the text, four arguments all given.
   claimSelect(args, shape, castRequest) {
+    if (this.textClaim(shape)) {
+      return `SELECT ${DECISION_COLUMNS} FROM ${this.prefix}idem_claim_text(${args.join(', ')})`;
+    }
     let sql = `SELECT ${DECISION_COLUMNS} FROM ${this.prefix}idem_claim(${args[0]}, ${args[1]}, ${
       castRequest && args[2] !== 'NULL' ? `${args[2]}::jsonb` : args[2]}`;
     for (let i = 0, next = 3; i < claimOptions.length; i++) {
@@ -297,10 +330,11 @@ class Idempotency {
   // the claim, idem_complete and idem_fail, named after a hash of their
   // text, so that a name always means the same statements.
   statementSet(shape) {
-    let set = this.statementSets.get(shape);
+    const text = this.textClaim(shape);
+    let set = this.statementSets.get(`${text}:${shape}`);
     if (set !== undefined) return set;
-    const types = ['text', 'text', 'jsonb'];
-    claimOptions.forEach(([, , type], i) => { if (shape.includes(i)) types.push(type); });
+    const types = text ? ['text', 'text', 'text', 'text'] : ['text', 'text', 'jsonb'];
+    if (!text) claimOptions.forEach(([, , type], i) => { if (shape.includes(i)) types.push(type); });
     const claim = this.claimSelect(types.map((t, i) => `$${i + 1}`), shape, false);
     const complete = `SELECT ${this.prefix}idem_complete($1, $2, headers => $3, raw_body => $4, resource_id => $5)`;
     const fail = `SELECT ${this.prefix}idem_fail($1, $2, headers => $3, raw_body => $4, retryable => $5)`;
@@ -311,7 +345,7 @@ class Idempotency {
         + `PREPARE ${base}_k(text, integer, jsonb, bytea, text) AS ${complete};`
         + `PREPARE ${base}_f(text, integer, jsonb, bytea, boolean) AS ${fail}`,
     };
-    this.statementSets.set(shape, set);
+    this.statementSets.set(`${text}:${shape}`, set);
     return set;
   }
 
@@ -459,6 +493,7 @@ class Idempotency {
   async run(call, handler) {
     const bad = Idempotency.checkKey(call.key);
     if (bad) return { ...bad, outcome: null, replayed: false };
+    if (this.claimText === undefined) await this.learnClaimText();
     const { args, shape } = this.claimArguments(call);
     let client = this.takeParked(shape);
     const pending = client !== null;

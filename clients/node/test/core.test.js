@@ -77,7 +77,13 @@ function countingPool({ from = pool, fresh = false } = {}) {
     }
     return wrapper;
   };
-  counted.query = (...args) => { counted.queries.push(args[0]); return from.query(...args); };
+  // The instance's one question at its first call (is idem_claim_text
+  // there?) is kept apart: the counts are those of the calls.
+  counted.learned = [];
+  counted.query = (...args) => {
+    (String(args[0]).includes('to_regprocedure') ? counted.learned : counted.queries).push(args[0]);
+    return from.query(...args);
+  };
   return counted;
 }
 
@@ -92,7 +98,8 @@ async function poolerPool() {
   let inBlock = false;
   const client = {
     query: async (text, ...rest) => {
-      counted.queries.push(text);
+      // the instance's one question at its first call is not counted
+      if (!String(text).includes('to_regprocedure')) counted.queries.push(text);
       try {
         return await servers[current].query(text, ...rest);
       } finally {
@@ -310,8 +317,8 @@ test('a replay\'s open transaction: the next claim commits it, with any options,
     // the replay's transaction is committed on its own first
     assert.equal((await i.run(call, () => { throw new Error('must not run'); })).outcome, 'replay');
     counted.queries.length = 0;
-    const tenant = { ...call, key: randomUUID(), tenant: 'other' };
-    assert.equal((await i.run(tenant, pay(17))).status, 201);
+    const withTtl = { ...call, key: randomUUID(), ttl: '1 day' };
+    assert.equal((await i.run(withTtl, pay(17))).status, 201);
     assert.deepEqual(counted.queries.map((q) => q.slice(0, 13)),
       ['COMMIT', 'PREPARE idem_', 'BEGIN;EXECUTE', 'INSERT INTO p', 'EXECUTE idem_']);
     // a replay, then a claim that refuses its key: 400, and the connection goes on
@@ -372,13 +379,46 @@ test('preparedStatements: false sends the claim and the completion as SELECTs, n
   const first = await i.run(call, pay(17));
   assert.equal(first.status, 201);
   assert.deepEqual(counted.queries.map((q) => q.slice(0, 12)), ['BEGIN;SELECT', 'INSERT INTO ', 'SELECT idem_']);
-  assert.match(counted.queries[0], /FROM idem_claim\('test\.node\.unprepared/);
+  assert.match(counted.queries[0], /FROM idem_claim_text\('test\.node\.unprepared/);
   assert.match(counted.queries[2], /^SELECT idem_complete\(.*\);COMMIT$/);
   const again = await i.run(call, () => { throw new Error('must not run'); });
   assert.equal(again.outcome, 'replay');
   assert.ok(again.body.equals(first.body));
   assert.ok(!counted.queries.some((q) => /PREPARE|EXECUTE/.test(q)));
   assert.equal(await paymentsFor(call.key), 1);
+});
+
+test('a claim with no option but the tenant goes to idem_claim_text, whose records idem_claim answers alike', async () => {
+  for (const preparedStatements of [true, false]) {
+    const counted = countingPool();
+    const text = new Idempotency(counted, { preparedStatements, tenant: 'tenant \\ \'t\'' });
+    const call = { operation: op(`text.${preparedStatements}`), key: randomUUID(), request: { amount: 19, note: 'a "b" \\ é' } };
+    const first = await text.run(call, pay(19));
+    assert.equal(first.status, 201);
+    assert.equal(text.claimText, true);
+    assert.equal(counted.learned.length, 1);
+    assert.match(counted.queries.find((q) => q.includes('idem_claim')), /idem_claim_text\(/);
+    assert.ok(!counted.queries.some((q) => /idem_claim\(/.test(q)));
+    // the same key through idem_claim: the same fingerprint, the same answer
+    const full = new Idempotency(pool, { preparedStatements, tenant: 'tenant \\ \'t\'' });
+    full.claimText = false;
+    const again = await full.run({ ...call, request: { note: 'a "b" \\ é', amount: 19.0 } }, () => { throw new Error('must not run'); });
+    assert.equal(again.outcome, 'replay');
+    assert.ok(again.body.equals(first.body));
+    const other = await full.run({ ...call, request: { amount: 20 } }, () => { throw new Error('must not run'); });
+    assert.equal(other.outcome, 'mismatch');
+    assert.equal((await text.run({ ...call, request: { amount: 20 } }, () => { throw new Error('must not run'); })).outcome, 'mismatch');
+    assert.equal(await paymentsFor(call.key), 1);
+    text.unpark();
+    full.unpark();
+  }
+});
+
+test('idem_claim_text not there: claims go to idem_claim', async () => {
+  const i = new Idempotency(pool, { schema: 'pg_catalog' });
+  await i.learnClaimText();
+  assert.equal(i.claimText, false);
+  assert.match(i.claimSql({ operation: 'o', key: 'k', request: { a: 1 } }), /"pg_catalog"\.idem_claim\('o', 'k', '\{"a":1\}'::jsonb\)$/);
 });
 
 test('every claim option, prepared and not, with quotes and backslashes in the values', async () => {

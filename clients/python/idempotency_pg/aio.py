@@ -123,6 +123,11 @@ class AsyncIdempotency:
         bad = check_key(key)
         if bad is not None:
             return bad
+        if self.calls.text is None:
+            try:
+                self.calls.text = (await self._call(self.calls.learn()))[0] is True
+            except Exception:  # unknown: asked again at the next call
+                self.calls.text = None
         sql = "BEGIN;" + self.calls.claim(operation, key, request, raw_request, **options)
         conn = await self.pool.getconn()
         handed_over = False

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 # SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
 BAD_KEY = ("22023", "22004")
 # The request was not JSON that jsonb accepts (a \\u0000 escape, say).
-BAD_REQUEST = ("22P02", "22P05")
+BAD_REQUEST = ("22P02", "22P05", "22003")
 STALE_TOKEN = "55000"
 
 JSON_TYPE = ("Content-Type", "application/json")
@@ -256,6 +256,17 @@ class Calls:
         self.prefix = "" if not schema else '"%s".' % schema.replace('"', '""')
         self.defaults = defaults
         self.head = "SELECT %s FROM %sidem_claim(" % (", ".join(COLUMNS), self.prefix)
+        self.text_head = "SELECT %s FROM %sidem_claim_text(" % (", ".join(COLUMNS), self.prefix)
+        # Whether a claim with no option but the tenant goes to
+        # idem_claim_text (version 1.2: the same answer and records, the
+        # request read from its text, four arguments all given): None until
+        # the server was asked (learn()), then True or False.
+        self.text = None
+
+    def learn(self):
+        """The question asked once: is idem_claim_text there for this role?"""
+        return ("SELECT coalesce(has_function_privilege(to_regprocedure(%s), 'EXECUTE'), false)"
+                % literal(self.prefix + "idem_claim_text(text, text, text, text)"))
 
     def claim(self, operation, key, request, raw_request=False, **options):
         """The SELECT of idem_claim; request is any JSON value, or JSON text
@@ -265,12 +276,13 @@ class Calls:
             operation = opts.get("operation")
         if not operation:
             raise TypeError("an idempotent call needs an operation")
-        if request is None:
-            request = "NULL"
-        else:
-            if not raw_request:
-                request = json.dumps(request, separators=(",", ":"))
-            request = literal(request) + "::jsonb"
+        if request is not None and not raw_request:
+            request = json.dumps(request, separators=(",", ":"))
+        if self.text and all(opts.get(option) is None for option, _, _ in CLAIM_OPTIONS[1:]):
+            return "%s%s, %s, %s, %s)" % (self.text_head, literal(operation), literal(key),
+                                          "NULL" if request is None else literal(request),
+                                          literal(opts.get("tenant") or ""))
+        request = "NULL" if request is None else literal(request) + "::jsonb"
         sql = "%s%s, %s, %s" % (self.head, literal(operation), literal(key), request)
         for option, argument, cast in CLAIM_OPTIONS:
             value = opts.get(option)
@@ -447,6 +459,8 @@ class Idempotency:
         bad = check_key(key)
         if bad is not None:
             return bad
+        if self.calls.text is None:
+            self._learn()
         sql = self.calls.claim(operation, key, request, raw_request, **options)
         conn = self.pool.get()
         driver = _driver(conn)
@@ -490,6 +504,15 @@ class Idempotency:
         """One statement in a transaction of its own; its first row."""
         with self.pool.connection() as conn:
             return _driver(conn).query(conn, sql)
+
+    def _learn(self):
+        """Ask once whether idem_claim_text is there; an error leaves it
+        unknown (asked again at the next call), the claim going to
+        idem_claim meanwhile."""
+        try:
+            self.calls.text = self._call(self.calls.learn())[0] is True
+        except Exception:
+            self.calls.text = None
 
     def run_external(self, handler, key, request=None, operation=None, raw_request=False, lease=30, **options):
         """Three transactions, for a side effect outside the database: the

@@ -165,7 +165,7 @@ public final class Idempotency {
     }
 
     private static final Set<String> BAD_KEY = Set.of("22023", "22004");
-    private static final Set<String> BAD_REQUEST = Set.of("22P02", "22P05");
+    private static final Set<String> BAD_REQUEST = Set.of("22P02", "22P05", "22003");
     private static final Map<String, String> MESSAGES = Map.of(
         "in_progress", "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
         "mismatch", "this Idempotency-Key was used for a different request",
