@@ -339,7 +339,8 @@ scope_index_columns(IdemCatalog *fresh, Oid nsp)
 /*
  * Read the pg_index row of fresh->scope_index_oid: whether it fits the
  * scope (and which part each column holds, into fresh), and whether it is
- * valid, ready and live.  False when it has no row (it was dropped).
+ * valid, ready and live.  False when it has no row (it was dropped); a
+ * relation that is not an index does not fit.
  */
 static bool
 read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable)
@@ -352,10 +353,17 @@ read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable)
 	oidvector  *collations;
 	bool		isnull;
 	bool		seen[IDEM_SCOPE_PARTS] = {false};
+	char		relkind;
 	int			i;
 
 	*fits = false;
 	*usable = false;
+	relkind = get_rel_relkind(fresh->scope_index_oid);
+	if (relkind == '\0')
+		return false;
+	/* the name given to a relation that is no index fits nothing */
+	if (relkind != RELKIND_INDEX && relkind != RELKIND_PARTITIONED_INDEX)
+		return true;
 	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(fresh->scope_index_oid));
 	if (!HeapTupleIsValid(tuple))
 		return false;
