@@ -281,6 +281,20 @@ UPDATE pg_index SET indisvalid = false
 SELECT outcome FROM idem_claim('rn.op', 'rn-5', '{}');
 \set VERBOSITY terse
 ROLLBACK;
+-- The unique index renamed away: refused with a clear error (42704) that
+-- names it, until it is renamed back, as for the table;
+-- its name given to a table instead is not the unique index (55000).
+BEGIN;
+ALTER INDEX idem_records_scope_key RENAME TO rn_scope_key;
+\set VERBOSITY default
+SELECT outcome FROM idem_claim('rn.op', 'rn-5', '{}');
+\set VERBOSITY terse
+ROLLBACK;
+BEGIN;
+ALTER INDEX idem_records_scope_key RENAME TO rn_scope_key;
+CREATE TABLE idem_records_scope_key (key text);
+SELECT outcome FROM idem_claim('rn.op', 'rn-5', '{}');
+ROLLBACK;
 -- The extension's enum types and their labels keep their names: renamed,
 -- claims are refused with a clear error (42704) until they are renamed
 -- back; a record holding a label renamed away, whose name was then given

@@ -274,7 +274,8 @@ look_up(IdemCatalog *fresh)
  * does not conflict with it), hence the loop rather than one look after
  * the lock.  An old index read before the swap stays usable: look_up
  * holds a lock on the table, which REINDEX waits for before it marks the
- * old index dead.
+ * old index dead.  A name that denotes no index is refused (42704) once
+ * the invalidations that arrived are taken and it still denotes none.
  */
 static void
 scope_index_columns(IdemCatalog *fresh, Oid nsp)
@@ -286,27 +287,34 @@ scope_index_columns(IdemCatalog *fresh, Oid nsp)
 	for (;;)
 	{
 		uint64		invalidations = SharedInvalidMessageCounter;
-		bool		found;
+		bool		found = false;
 
 		fresh->scope_index_oid = get_relname_relid(IDEM_SCOPE_INDEX, nsp);
 		IDEM_TEST_PAUSE("scope_index_lookup");
-		if (fresh->scope_index_oid != locked)
+		if (fresh->scope_index_oid != locked && OidIsValid(locked))
 		{
-			if (OidIsValid(locked))
-				UnlockRelationOid(locked, AccessShareLock);
+			UnlockRelationOid(locked, AccessShareLock);
 			locked = InvalidOid;
-			if (!OidIsValid(fresh->scope_index_oid))
-				ereport(ERROR,
-						(errcode(ERRCODE_UNDEFINED_OBJECT),
-						 errmsg("index \"%s\" of extension \"%s\" does not exist",
-								IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
-						 errhint("If it was renamed, rename it back.")));
-			LockRelationOid(fresh->scope_index_oid, AccessShareLock);
-			locked = fresh->scope_index_oid;
 		}
-		found = read_scope_index(fresh, &fits, &usable);
+		if (!OidIsValid(fresh->scope_index_oid))
+			AcceptInvalidationMessages();	/* the name may be back by now */
+		else
+		{
+			if (!OidIsValid(locked))
+			{
+				LockRelationOid(fresh->scope_index_oid, AccessShareLock);
+				locked = fresh->scope_index_oid;
+			}
+			found = read_scope_index(fresh, &fits, &usable);
+		}
 		if (invalidations != SharedInvalidMessageCounter)
 			continue;
+		if (!OidIsValid(fresh->scope_index_oid))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("index \"%s\" of extension \"%s\" does not exist",
+							IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
+					 errhint("If it was renamed, rename it back.")));
 		if (!found)
 			elog(ERROR, "cache lookup failed for index %u", fresh->scope_index_oid);
 		break;
@@ -331,7 +339,8 @@ scope_index_columns(IdemCatalog *fresh, Oid nsp)
 /*
  * Read the pg_index row of fresh->scope_index_oid: whether it fits the
  * scope (and which part each column holds, into fresh), and whether it is
- * valid, ready and live.  False when it has no row (it was dropped).
+ * valid, ready and live.  False when it has no row (it was dropped); a
+ * relation that is not an index does not fit.
  */
 static bool
 read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable)
@@ -344,10 +353,17 @@ read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable)
 	oidvector  *collations;
 	bool		isnull;
 	bool		seen[IDEM_SCOPE_PARTS] = {false};
+	char		relkind;
 	int			i;
 
 	*fits = false;
 	*usable = false;
+	relkind = get_rel_relkind(fresh->scope_index_oid);
+	if (relkind == '\0')
+		return false;
+	/* the name given to a relation that is no index fits nothing */
+	if (relkind != RELKIND_INDEX && relkind != RELKIND_PARTITIONED_INDEX)
+		return true;
 	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(fresh->scope_index_oid));
 	if (!HeapTupleIsValid(tuple))
 		return false;
