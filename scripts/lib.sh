@@ -15,7 +15,8 @@ IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 export PG_CONFIG
 
-# (python3-psycopg2: the invariant checker of t/021_invariants.pl)
+# (python3-psycopg2: the invariant checker of t/021_invariants.pl and the
+# fuzzer of t/025_claim_text_fuzz.pl)
 IDEM_PACKAGES="make gcc libc6-dev libssl-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl python3 python3-psycopg2"
 
 # What the example clients (examples/python, node, java, go) need: Debian's
@@ -46,6 +47,8 @@ as_postgres() {
     [ -n "${PGHOST:-}" ] && envs+=(PGHOST="$PGHOST")
     [ -n "${PGPORT:-}" ] && envs+=(PGPORT="$PGPORT")
     [ -n "${IDEM_INVARIANT_SECONDS:-}" ] && envs+=(IDEM_INVARIANT_SECONDS="$IDEM_INVARIANT_SECONDS")
+    [ -n "${IDEM_FUZZ_CASES:-}" ] && envs+=(IDEM_FUZZ_CASES="$IDEM_FUZZ_CASES")
+    [ -n "${IDEM_FUZZ_SEED:-}" ] && envs+=(IDEM_FUZZ_SEED="$IDEM_FUZZ_SEED")
     [ -n "${IDEM_UPGRADE_FROM:-}" ] && envs+=(IDEM_UPGRADE_FROM="$IDEM_UPGRADE_FROM")
     if [ "$(id -un)" = postgres ]; then
         env "${envs[@]}" "$@"

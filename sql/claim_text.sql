@@ -239,5 +239,15 @@ SELECT count(*) AS numbers,
                unnest(ARRAY['', 'e0', 'e1', 'E+3', 'e-3', 'e6', 'e-6', 'e-7', 'e20', 'e21', 'e-20',
                             'e-21', 'e100', 'e-100', 'e999', 'e-999']) exp) n;
 
+-- A number that numeric_in reads (over 40 characters, or an exponent of
+-- four digits or more) is read as jsonb_in reads it: once the token after
+-- it is lexed, so an invalid token there is the error, not the number's.
+SELECT doc, pg_temp.text_vs_jsonb(doc) AS result
+  FROM (VALUES ('[1e1000000 x]'), ('1e-16384/'), ('1e1000000 @'), ('[1e1000000 "abc'),
+               ('{"a": 1e1000000 "\u12"}'), ('[1e1000000, x]'), ('[1e1000000]'),
+               ('[1e0999 #]'), ('[1e0999 ]'), ('[' || repeat('1', 41) || ' x]'),
+               ('[' || repeat('1', 41) || ' ]'), ('[1e999 x]'), ('[1e1000000x]')
+  ) AS d(doc);
+
 -- Nothing was written by any of them.
 SELECT count(*) AS written FROM idem_records WHERE operation = 'text.fp';

@@ -1024,6 +1024,7 @@ typedef struct TextCanon
 static void text_canon_init(TextCanon *state, int len);
 static bool text_canonical_direct(const char *json, int len, TextCanon *state);
 static void text_canonical_parser(const char *json, int len, TextCanon *state);
+static bool write_number_digits(CanonSink *sink, const char *token, int len);
 static void write_number_text(CanonSink *sink, const char *token, int len);
 
 /*
@@ -1409,7 +1410,14 @@ value:
 				}
 				if (p < end && text_token_char(*p))
 					return false;
-				write_number_text(&state->sink, s, p - s);
+
+				/*
+				 * A number numeric_in must read is left to the parser: jsonb_in
+				 * reads it only once the next token is lexed, so an invalid
+				 * token there is the error, not the number's.
+				 */
+				if (!write_number_digits(&state->sink, s, p - s))
+					return false;
 			}
 			goto after_value;
 	}
@@ -1584,13 +1592,30 @@ text_canonical_parser(const char *json, int len, TextCanon *state)
 /*
  * Write a number token of JSON text (len bytes) as write_number writes the
  * jsonb numeric it stands for.  A short token with an exponent of at most
- * three digits is read digit by digit: its value fits numeric (numeric_in
- * would accept it) and is exact in both.  Any other goes through
- * numeric_in, so that a number numeric cannot hold raises numeric_in's
- * error, as it does in jsonb_in.
+ * three digits is read directly (write_number_digits); any other goes
+ * through numeric_in, so that a number numeric cannot hold raises
+ * numeric_in's error, as it does in jsonb_in.
  */
 static void
 write_number_text(CanonSink *sink, const char *token, int len)
+{
+	if (write_number_digits(sink, token, len))
+		return;
+	write_number(sink,
+				 DatumGetNumeric(DirectFunctionCall3(numeric_in,
+													 CStringGetDatum(pnstrdup(token, len)),
+													 ObjectIdGetDatum(InvalidOid),
+													 Int32GetDatum(-1))));
+}
+
+/*
+ * Write a number token of JSON text (len bytes) read digit by digit, when
+ * it is short and its exponent has at most three digits: its value fits
+ * numeric (numeric_in would accept it) and is exact in both.  Returns false,
+ * having written nothing, for any other token.
+ */
+static bool
+write_number_digits(CanonSink *sink, const char *token, int len)
 {
 	char		digits[CANON_DIRECT_NUMBER_MAX];
 	int			ndigits = 0;
@@ -1601,7 +1626,7 @@ write_number_text(CanonSink *sink, const char *token, int len)
 	const char *end = token + len;
 
 	if (len > CANON_DIRECT_NUMBER_MAX)
-		goto through_numeric;
+		return false;
 
 	/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, checked by the reader */
 	if (p < end && *p == '-')
@@ -1629,7 +1654,7 @@ write_number_text(CanonSink *sink, const char *token, int len)
 		while (p < end && *p >= '0' && *p <= '9')
 		{
 			if (++expdigits > 3)
-				goto through_numeric;
+				return false;
 			exponent = exponent * 10 + (*p++ - '0');
 		}
 		if (negative_exponent)
@@ -1639,12 +1664,5 @@ write_number_text(CanonSink *sink, const char *token, int len)
 		elog(ERROR, "unexpected JSON number: \"%.*s\"", len, token);
 
 	write_decimal(sink, digits, ndigits, point + exponent, negative);
-	return;
-
-through_numeric:
-	write_number(sink,
-				 DatumGetNumeric(DirectFunctionCall3(numeric_in,
-													 CStringGetDatum(pnstrdup(token, len)),
-													 ObjectIdGetDatum(InvalidOid),
-													 Int32GetDatum(-1))));
+	return true;
 }
