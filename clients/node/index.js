@@ -49,6 +49,11 @@ const STALE_TOKEN = '55000';
 // (42P05): the connection is not the one the statements were prepared on.
 const NOT_PREPARED = '26000';
 const ALREADY_PREPARED = '42P05';
+// idem_claim_text refused after the question at the first call said it was
+// usable: EXECUTE revoked (42501), or the function gone (42883).
+const CLAIM_TEXT_REFUSED = new Set(['42501', '42883']);
+// run()'s claim refused by idem_claim_text: sent again to idem_claim.
+const AGAIN = Symbol('again');
 
 const JSON_TYPE = ['Content-Type', 'application/json'];
 const EMPTY = Buffer.alloc(0);
@@ -494,7 +499,15 @@ class Idempotency {
     const bad = Idempotency.checkKey(call.key);
     if (bad) return { ...bad, outcome: null, replayed: false };
     if (this.claimText === undefined) await this.learnClaimText();
+    const result = await this.runOnce(call, handler);
+    // idem_claim_text refused the claim (nothing was written, the client is
+    // back in the pool): this call and every later one go to idem_claim.
+    return result === AGAIN ? this.runOnce(call, handler) : result;
+  }
+
+  async runOnce(call, handler) {
     const { args, shape } = this.claimArguments(call);
+    const text = this.textClaim(shape);
     let client = this.takeParked(shape);
     const pending = client !== null;
     if (!pending) client = await this.pool.connect();
@@ -506,6 +519,10 @@ class Idempotency {
       try {
         [decision, set] = await this.claimOn(client, await this.prepareOn(client, shape), args, shape, pending);
       } catch (err) {
+        if (text && CLAIM_TEXT_REFUSED.has(err.code)) {
+          this.claimText = false;
+          return AGAIN;
+        }
         return { ...Idempotency.claimError(err), outcome: null, replayed: false };
       }
       if (decision.outcome !== 'proceed') {

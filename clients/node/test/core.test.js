@@ -620,3 +620,32 @@ test('external form: the lease is extended while the handler runs', { skip: !pro
     await admin.end();
   }
 });
+
+test('idem_claim_text no longer usable after the first call (EXECUTE revoked): that claim and the later ones go to idem_claim', { skip: !process.env.IDEM_ADMIN_DSN && 'no IDEM_ADMIN_DSN' }, async () => {
+  const admin = new Client(adminConfig());
+  await admin.connect();
+  const role = `idem_revoked_${run}`;
+  const grant = 'EXECUTE ON FUNCTION idem_claim, idem_claim_text, idem_complete, idem_fail';
+  await admin.query(`CREATE ROLE ${role}; GRANT ${grant} TO ${role}`);
+  const roled = new Pool({ ...adminConfig(), max: 1, options: `-c role=${role}` });
+  try {
+    for (const preparedStatements of [true, false]) {
+      const i = new Idempotency(roled, { preparedStatements });
+      const ok = () => ({ status: 201, body: { ok: true } });
+      const call = { operation: op(`revoked.${preparedStatements}`), request: { amount: 1 } };
+      assert.equal((await i.run({ ...call, key: randomUUID() }, ok)).status, 201);
+      assert.equal(i.claimText, true);
+      await admin.query(`REVOKE EXECUTE ON FUNCTION idem_claim_text FROM ${role}`);
+      const key = randomUUID();
+      assert.equal((await i.run({ ...call, key }, ok)).status, 201);
+      assert.equal(i.claimText, false);
+      assert.equal((await i.run({ ...call, key }, () => { throw new Error('must not run'); })).outcome, 'replay');
+      i.unpark();
+      await admin.query(`GRANT EXECUTE ON FUNCTION idem_claim_text TO ${role}`);
+    }
+  } finally {
+    await roled.end();
+    await admin.query(`DROP OWNED BY ${role}; DROP ROLE ${role}`);
+    await admin.end();
+  }
+});
