@@ -11,7 +11,7 @@ import warnings
 
 from psycopg import DatabaseError, errors, pq
 
-from .core import (COLUMNS, STALE_TOKEN, Calls, Result, RetryableError, answer, attempt, check_key,
+from .core import (AGAIN, COLUMNS, STALE_TOKEN, Calls, Result, RetryableError, answer, attempt, check_key,
                    lease_lost, refuse, sqlstate)
 
 
@@ -128,6 +128,12 @@ class AsyncIdempotency:
                 self.calls.text = (await self._call(self.calls.learn()))[0] is True
             except Exception:  # unknown: asked again at the next call
                 self.calls.text = None
+        response = await self._run(handler, key, request, operation, raw_request, options)
+        if response is AGAIN:  # the connection is back in the pool
+            response = await self._run(handler, key, request, operation, raw_request, options)
+        return response
+
+    async def _run(self, handler, key, request, operation, raw_request, options):
         sql = "BEGIN;" + self.calls.claim(operation, key, request, raw_request, **options)
         conn = await self.pool.getconn()
         handed_over = False
@@ -135,7 +141,7 @@ class AsyncIdempotency:
             try:
                 d = _decision((await _send(conn, sql))[1], conn.info.encoding)
             except Exception as err:
-                return refuse(err)
+                return AGAIN if self.calls.refused(sql, err) else refuse(err)
             if d["outcome"] != "proceed":
                 # answered now; the COMMIT follows on the connection (a claim
                 # that found an ended lease may have made the record unknown)

@@ -26,6 +26,11 @@ BAD_KEY = ("22023", "22004")
 # The request was not JSON that jsonb accepts (a \\u0000 escape, say).
 BAD_REQUEST = ("22P02", "22P05", "22003")
 STALE_TOKEN = "55000"
+# idem_claim_text refused after the question at the first call said it was
+# usable: EXECUTE revoked (42501), or the function gone (42883).
+CLAIM_TEXT_REFUSED = ("42501", "42883")
+# run()'s claim refused by idem_claim_text: sent again to idem_claim.
+AGAIN = object()
 
 JSON_TYPE = ("Content-Type", "application/json")
 
@@ -268,6 +273,14 @@ class Calls:
         return ("SELECT coalesce(has_function_privilege(to_regprocedure(%s), 'EXECUTE'), false)"
                 % literal(self.prefix + "idem_claim_text(text, text, text, text)"))
 
+    def refused(self, sql, err):
+        """Whether err is idem_claim_text refusing the claim sql; if so, the
+        claims go to idem_claim from now on."""
+        if self.text_head in sql and sqlstate(err) in CLAIM_TEXT_REFUSED:
+            self.text = False
+            return True
+        return False
+
     def claim(self, operation, key, request, raw_request=False, **options):
         """The SELECT of idem_claim; request is any JSON value, or JSON text
         with raw_request=True."""
@@ -461,6 +474,12 @@ class Idempotency:
             return bad
         if self.calls.text is None:
             self._learn()
+        response = self._run(handler, key, request, operation, raw_request, defer_commit, options)
+        if response is AGAIN:  # the connection is back in the pool
+            response = self._run(handler, key, request, operation, raw_request, defer_commit, options)
+        return response
+
+    def _run(self, handler, key, request, operation, raw_request, defer_commit, options):
         sql = self.calls.claim(operation, key, request, raw_request, **options)
         conn = self.pool.get()
         driver = _driver(conn)
@@ -469,7 +488,7 @@ class Idempotency:
             try:
                 d = dict(zip(COLUMNS, driver.claim(conn, sql)))
             except Exception as err:
-                return refuse(err)
+                return AGAIN if self.calls.refused(sql, err) else refuse(err)
             if d["outcome"] != "proceed":
                 response = answer(d)
                 if defer_commit:

@@ -3,6 +3,7 @@ one over psycopg 3, against a running PostgreSQL."""
 
 import asyncio
 import json
+import os
 import threading
 import time
 import uuid
@@ -485,3 +486,56 @@ def test_async_pipeline_option_is_ignored_with_a_warning():
     with pytest.warns(DeprecationWarning):
         idem = AsyncIdempotency(object(), pipeline=True)
     assert idem.calls.claim("op", "k", None).endswith("idem_claim('op', 'k', NULL)")
+
+
+@pytest.mark.skipif(not os.environ.get("IDEM_ADMIN_DSN"), reason="no IDEM_ADMIN_DSN")
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2", "async"])
+def test_idem_claim_text_revoked_after_the_first_call_the_claim_goes_to_idem_claim(op, driver):
+    """EXECUTE on idem_claim_text revoked once the first call found it
+    usable: that claim and the later ones go to idem_claim."""
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+    from psycopg2.pool import ThreadedConnectionPool
+    role = "idem_revoked_%s" % uuid.uuid4().hex[:8]
+    dsn = os.environ["IDEM_ADMIN_DSN"] + " options='-c role=%s'" % role
+    ok = {"status": 201, "body": {"ok": True}}
+    with psycopg.connect(os.environ["IDEM_ADMIN_DSN"], autocommit=True) as admin:
+        admin.execute("CREATE ROLE %s" % role)
+        admin.execute("GRANT EXECUTE ON FUNCTION idem_claim, idem_claim_text, idem_complete, idem_fail TO %s"
+                      % role)
+        revoke = lambda: admin.execute("REVOKE EXECUTE ON FUNCTION idem_claim_text FROM %s" % role)  # noqa: E731
+        key = str(uuid.uuid4())
+        try:
+            if driver == "async":
+                async def main():
+                    async def handler(conn, ctx):
+                        return ok
+                    async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, min_size=1, max_size=1) as pool:
+                        idem = AsyncIdempotency(pool)
+                        first = await idem.run(handler, str(uuid.uuid4()), {"a": 1}, operation=op)
+                        text = idem.calls.text
+                        revoke()
+                        return (first, text, await idem.run(handler, key, {"a": 1}, operation=op),
+                                await idem.run(never, key, {"a": 1}, operation=op), idem.calls.text)
+                first, text, second, again, after = asyncio.run(main())
+            else:
+                if driver == "psycopg":
+                    pool = ConnectionPool(dsn, kwargs={"autocommit": True}, min_size=1, max_size=1)
+                else:
+                    pool = ThreadedConnectionPool(1, 1, dsn)
+                try:
+                    idem = Idempotency(pool)
+                    first = idem.run(lambda conn, ctx: ok, str(uuid.uuid4()), {"a": 1}, operation=op)
+                    text = idem.calls.text
+                    revoke()
+                    second = idem.run(lambda conn, ctx: ok, key, {"a": 1}, operation=op)
+                    again = idem.run(never, key, {"a": 1}, operation=op)
+                    after = idem.calls.text
+                finally:
+                    pool.close() if driver == "psycopg" else pool.closeall()
+            assert (first.status, text) == (201, True)
+            assert (second.status, second.outcome) == (201, "proceed")
+            assert (again.outcome, after) == ("replay", False)
+        finally:
+            admin.execute("DROP OWNED BY %s" % role)
+            admin.execute("DROP ROLE %s" % role)
