@@ -512,7 +512,16 @@ class Idempotency {
     const pending = client !== null;
     if (!pending) client = await this.pool.connect();
     let open = true;
+    // While the call holds the client, an error of its connection with no
+    // query running (the server ended it while the handler awaits
+    // something else) comes as an 'error' event, which the pool does not
+    // listen to on a client it handed out: caught here, and the client
+    // released as broken.  The listener stays on a broken client.
     let broken;
+    const onError = (err) => { broken = broken ?? err; };
+    const listens = typeof client.on === 'function';
+    if (listens) client.on('error', onError);
+    const letGo = () => { if (listens && broken === undefined) client.removeListener('error', onError); };
     try {
       let decision;
       let set;
@@ -531,6 +540,7 @@ class Idempotency {
         // unknown), before the client goes back to the pool; a replay's,
         // which wrote nothing, with the next claim's BEGIN.
         open = false;
+        letGo();
         if (decision.outcome === 'replay') this.park(client);
         else Idempotency.commitAndRelease(client);
         return answer(decision);
@@ -549,6 +559,7 @@ class Idempotency {
         throw err;
       }
       open = false;
+      letGo();
       client.release();
       return {
         status: response.status, headers: response.headers, body: response.body,
@@ -556,7 +567,8 @@ class Idempotency {
       };
     } finally {
       if (open) {
-        await client.query('ROLLBACK').catch((err) => { broken = err; });
+        await client.query('ROLLBACK').catch((err) => { broken = broken ?? err; });
+        letGo();
         client.release(broken);
       }
     }

@@ -344,6 +344,31 @@ test('a replay\'s open transaction: the next claim commits it, with any options,
   }
 });
 
+test('the connection ended by the server while the handler awaits something else: run() rejects, no crash, the connection dropped', async () => {
+  const one = new Pool({ max: 1 });
+  const admin = new Client();
+  await admin.connect();
+  const i = new Idempotency(one);
+  try {
+    const call = { operation: op('handlerend'), key: randomUUID(), request: { amount: 18 } };
+    await assert.rejects(i.run(call, async (client) => {
+      const { rows: [{ pid }] } = await client.query('SELECT pg_backend_pid() AS pid');
+      const ended = new Promise((resolve) => client.once('end', resolve));
+      await admin.query('SELECT pg_terminate_backend($1)', [pid]);
+      await ended; // no query running on the client meanwhile
+      return { status: 201, body: {} };
+    }));
+    // nothing stored: the retry proceeds, on a new connection
+    const r = await i.run(call, pay(18));
+    assert.equal(r.status, 201);
+    assert.equal(await paymentsFor(call.key), 1);
+  } finally {
+    i.unpark();
+    await admin.end();
+    await one.end();
+  }
+});
+
 test('a replay\'s connection ended by the server while it waits for the next claim: released as broken, no crash', async () => {
   const one = new Pool({ max: 1 });
   const admin = new Client();
