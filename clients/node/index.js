@@ -38,6 +38,7 @@
 'use strict';
 
 const { createHash } = require('node:crypto');
+const { validateHeaderName, validateHeaderValue } = require('node:http');
 
 // SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
 const BAD_KEY = new Set(['22023', '22004']);
@@ -175,10 +176,18 @@ function answer(decision) {
   return response;
 }
 
+// A handler's header pairs, each one node:http can send (checked before it
+// is stored: a header it refuses, a character above U+00FF say, would make
+// the answer and every replay of it throw where it is written).
 function headerPairs(headers) {
   if (headers == null) return [];
   const pairs = Array.isArray(headers) ? headers : Object.entries(headers);
-  return pairs.map(([name, value]) => [String(name), String(value)]);
+  return pairs.map(([name, value]) => {
+    const pair = [String(name), String(value)];
+    validateHeaderName(pair[0]);
+    validateHeaderValue(pair[0], pair[1]);
+    return pair;
+  });
 }
 
 const hasHeader = (pairs, name) => pairs.some(([n]) => n.toLowerCase() === name);

@@ -344,6 +344,19 @@ test('a replay\'s open transaction: the next claim commits it, with any options,
   }
 });
 
+test('a header that node:http cannot send (CR LF, a character above U+00FF, a bad name) is refused before it is stored: rolled back, the retry proceeds', async () => {
+  for (const headers of [{ Location: '/p\r\nSet-Cookie: a=b' }, { 'X-Note': '10 \u20ac' }, [['Bad Name', 'x']]]) {
+    const call = { operation: op('badheader'), key: randomUUID(), request: { amount: 18 } };
+    await assert.rejects(idem.run(call, async (client, ctx) => {
+      await pay(18)(client, ctx);
+      return { status: 201, headers, body: {} };
+    }), { code: /^ERR_INVALID_(CHAR|HTTP_TOKEN)$/ });
+    assert.equal(await paymentsFor(call.key), 0);
+    assert.equal((await idem.run(call, pay(18))).status, 201);
+    assert.equal(await paymentsFor(call.key), 1);
+  }
+});
+
 test('the connection ended by the server while the handler awaits something else: run() rejects, no crash, the connection dropped', async () => {
   const one = new Pool({ max: 1 });
   const admin = new Client();
