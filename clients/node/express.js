@@ -6,7 +6,9 @@
 //     async (client, { body }) => ({ status: 201, body: { ... } })));
 'use strict';
 
-const { readBody, parseJson, checkOptions, execute, writeResponse, MAX_BODY } = require('./lib/adapter');
+const {
+  readBody, parseJson, checkOptions, execute, writeResponse, sendResponse, MAX_BODY,
+} = require('./lib/adapter');
 const { HttpError } = require('./index');
 
 // (req, res, next) middleware.  The request is req.body when a body parser
@@ -24,7 +26,10 @@ function idempotent(idem, options, handler) {
         body = parseJson(text);
       }
       return execute(idem, rest, { req, key: req.headers['idempotency-key'], body, text }, handler);
-    })().then((response) => writeResponse(res, response), (err) => {
+    })().then((response) => {
+      const err = sendResponse(res, response);
+      if (err !== null) next(err);
+    }, (err) => {
       if (err instanceof HttpError) {
         writeResponse(res, err.toResponse());
       } else {

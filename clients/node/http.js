@@ -10,8 +10,9 @@
 //   http.createServer((req, res) => createPayment(req, res));
 'use strict';
 
-const { readBody, parseJson, checkOptions, execute, errorAnswer, writeResponse, MAX_BODY } =
-  require('./lib/adapter');
+const {
+  readBody, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+} = require('./lib/adapter');
 
 // A (req, res) listener.  The body is read (options.maxBody bytes at most,
 // 1 MiB by default) and parsed as JSON for the handler; the fingerprint is
@@ -29,7 +30,11 @@ function idempotent(idem, options, handler) {
     } catch (err) {
       response = errorAnswer(err, onError, req);
     }
-    writeResponse(res, response);
+    const err = sendResponse(res, response);
+    if (err !== null) {
+      response = errorAnswer(err, onError, req);
+      writeResponse(res, response);
+    }
     return response;
   };
 }

@@ -90,4 +90,24 @@ function writeResponse(res, response) {
   res.end(response.body);
 }
 
-module.exports = { readBody, parseJson, checkOptions, execute, errorAnswer, writeResponse, MAX_BODY };
+// writeResponse, for an answer that node:http may refuse (a replay of a
+// header it cannot send, stored by another client of the records): the
+// error returned, the headers set dropped, for the caller to answer it; the
+// connection ended when the head was already out.
+function sendResponse(res, response) {
+  try {
+    writeResponse(res, response);
+    return null;
+  } catch (err) {
+    if (res.headersSent) {
+      res.destroy(err);
+      return null;
+    }
+    for (const name of res.getHeaderNames()) res.removeHeader(name);
+    return err;
+  }
+}
+
+module.exports = {
+  readBody, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+};

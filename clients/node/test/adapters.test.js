@@ -133,3 +133,30 @@ for (const [name, make] of Object.entries(servers)) {
     assert.equal(extAgain.headers['idempotent-replayed'], 'true');
   });
 }
+
+// A record whose header node:http cannot send (a character above U+00FF,
+// which the extension accepts), stored by another client of the same
+// records: its replay is a 500, not an exception that ends the process.
+for (const [name, make] of Object.entries(servers)) {
+  test(`${name}: a stored header that cannot be sent answers 500`, async (t) => {
+    const operation = `test.node.${name}.unsendable.${run}`;
+    const server = await make(operation);
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+    t.after(() => new Promise((resolve) => server.close(resolve)));
+    const key = randomUUID();
+    const client = await pool.connect();
+    try {
+      await client.query('BEGIN');
+      const { rows: [{ token }] } = await client.query(
+        "SELECT token FROM idem_claim($1, $2, '{\"n\":1}'::jsonb)", [operation, key]);
+      await client.query(
+        "SELECT idem_complete($1, 201, headers => '[[\"X-Note\", \"10 \u20ac\"]]'::jsonb, raw_body => '\\x7b7d'::bytea)", [token]);
+      await client.query('COMMIT');
+    } finally {
+      client.release();
+    }
+    const replay = await send(server.address().port, '/things', key, { n: 1 });
+    assert.equal(replay.status, 500);
+    assert.equal(runs.get(key), undefined);
+  });
+}
