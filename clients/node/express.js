@@ -7,7 +7,7 @@
 'use strict';
 
 const {
-  readBody, parseJson, checkOptions, execute, writeResponse, sendResponse, MAX_BODY,
+  readText, parseJson, checkOptions, execute, writeResponse, sendResponse, MAX_BODY,
 } = require('./lib/adapter');
 const { HttpError } = require('./index');
 
@@ -22,7 +22,7 @@ function idempotent(idem, options, handler) {
       let { body } = req;
       let text;
       if (body === undefined) {
-        text = (await readBody(req, maxBody)).toString('utf8');
+        text = await readText(req, maxBody);
         body = parseJson(text);
       }
       return execute(idem, rest, { req, key: req.headers['idempotency-key'], body, text }, handler);

@@ -11,7 +11,7 @@
 'use strict';
 
 const {
-  readBody, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+  readText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
 } = require('./lib/adapter');
 
 // A (req, res) listener.  The body is read (options.maxBody bytes at most,
@@ -24,7 +24,7 @@ function idempotent(idem, options, handler) {
   return async function idempotentListener(req, res) {
     let response;
     try {
-      const text = (await readBody(req, maxBody)).toString('utf8');
+      const text = await readText(req, maxBody);
       const body = parseJson(text);
       response = await execute(idem, rest, { req, key: req.headers['idempotency-key'], body, text }, handler);
     } catch (err) {

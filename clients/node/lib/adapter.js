@@ -22,6 +22,20 @@ function readBody(req, limit = MAX_BODY) {
   });
 }
 
+// The body as text: JSON is UTF-8, and bytes that are not (which a lenient
+// decoding would turn into U+FFFD, different bodies into the same request
+// and fingerprint) are the client's bad request.
+const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+async function readText(req, maxBody) {
+  const raw = await readBody(req, maxBody);
+  try {
+    return utf8.decode(raw);
+  } catch {
+    throw new HttpError(400, 'INVALID_JSON', 'the body is not valid JSON');
+  }
+}
+
 // JSON text as a value; an empty body is null.  Not JSON: 400.
 function parseJson(text) {
   if (text === '') return null;
@@ -109,5 +123,5 @@ function sendResponse(res, response) {
 }
 
 module.exports = {
-  readBody, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+  readBody, readText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
 };

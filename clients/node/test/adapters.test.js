@@ -160,3 +160,28 @@ for (const [name, make] of Object.entries(servers)) {
     assert.equal(runs.get(key), undefined);
   });
 }
+
+test('http: a body that is not UTF-8 is 400 INVALID_JSON, not read as U+FFFD (two such bodies were one request)', async (t) => {
+  const server = await servers.http(`test.node.http.utf8.${run}`);
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.after(() => new Promise((resolve) => server.close(resolve)));
+  const key = randomUUID();
+  const sendRaw = (bytes) => new Promise((resolve, reject) => {
+    const req = http.request({
+      host: '127.0.0.1', port: server.address().port, method: 'POST', path: '/things', agent: false,
+      headers: { 'Content-Type': 'application/json', 'Idempotency-Key': key },
+    }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, json: JSON.parse(Buffer.concat(chunks)) }));
+    });
+    req.on('error', reject);
+    req.end(bytes);
+  });
+  for (const bad of [0xff, 0xfe]) {
+    const r = await sendRaw(Buffer.concat([Buffer.from('{"n": 1, "note": "'), Buffer.from([bad]), Buffer.from('"}')]));
+    assert.equal(r.status, 400);
+    assert.equal(r.json.error_code, 'INVALID_JSON');
+  }
+  assert.equal(runs.get(key), undefined);
+});
