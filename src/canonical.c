@@ -1262,6 +1262,24 @@ text_token_char(unsigned char c)
 }
 
 /*
+ * The literal word (true, false or null) at p, written to the sink: the
+ * position after it, or NULL when the text there is not exactly the word
+ * (a longer token, as "trueish", is not).
+ */
+static const char *
+take_word(const char *p, const char *end, const char *word, size_t len,
+		  TextCanon *state)
+{
+	if ((size_t) (end - p) < len || memcmp(p, word, len) != 0)
+		return NULL;
+	p += len;
+	if (p < end && text_token_char(*p))
+		return NULL;
+	sink_write(&state->sink, word, len);
+	return p;
+}
+
+/*
  * The end of a string's text that starts at p: the closing quote, or NULL
  * when a backslash, a control character or the end of the text comes
  * first (a string to leave to PostgreSQL's parser).
@@ -1353,28 +1371,16 @@ value:
 			}
 			goto after_value;
 		case 't':
-			if (end - p < 4 || memcmp(p, "true", 4) != 0)
+			if ((p = take_word(p, end, "true", 4, state)) == NULL)
 				return false;
-			p += 4;
-			if (p < end && text_token_char(*p))
-				return false;
-			sink_write(&state->sink, "true", 4);
 			goto after_value;
 		case 'f':
-			if (end - p < 5 || memcmp(p, "false", 5) != 0)
+			if ((p = take_word(p, end, "false", 5, state)) == NULL)
 				return false;
-			p += 5;
-			if (p < end && text_token_char(*p))
-				return false;
-			sink_write(&state->sink, "false", 5);
 			goto after_value;
 		case 'n':
-			if (end - p < 4 || memcmp(p, "null", 4) != 0)
+			if ((p = take_word(p, end, "null", 4, state)) == NULL)
 				return false;
-			p += 4;
-			if (p < end && text_token_char(*p))
-				return false;
-			sink_write(&state->sink, "null", 4);
 			goto after_value;
 		default:
 			{
