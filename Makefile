@@ -7,7 +7,7 @@ PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
 REGRESS = setup claim pending_claim pending_partition state_machine bad_input \
-	table_changes
+	table_changes owner_ddl
 REGRESS_OPTS = --inputdir=$(srcdir) --encoding=UTF8
 ISOLATION = plain_insert_blocks claim_concurrent claim_external isolation_levels
 ISOLATION_OPTS = --inputdir=$(srcdir) --load-extension=idempotency

@@ -71,7 +71,14 @@ make_workdir
 # The worker serves "postgres" only, so that it never touches the records
 # the regression tests inspect; the TAP tests start clusters of their own.
 # specs/claim_prepared.spec prepares transactions.
-start_cluster "idempotency.database = 'postgres'" "max_prepared_transactions = 4"
+# Every server line names its SQLSTATE (check_server_logs), the TAP
+# suite's clusters' too (PostgreSQL::Test::Cluster appends TEMP_CONFIG).
+idem_log_prefix="log_line_prefix = '%m [%p] %e %q%a '"
+echo "$idem_log_prefix" >"$IDEM_TMP/log_prefix.conf"
+chmod 644 "$IDEM_TMP/log_prefix.conf"
+export TEMP_CONFIG=$IDEM_TMP/log_prefix.conf
+start_cluster "idempotency.database = 'postgres'" "max_prepared_transactions = 4" \
+    "$idem_log_prefix"
 
 cd "$IDEM_TMP/src"
 failed_suites=()
@@ -487,6 +494,31 @@ wanted package && run_package_suite
 
 # Release 1.1.0: the version is the same everywhere (scripts/suite_release.sh).
 wanted release && run_release_suite
+
+# No internal error (XX000) and no crash in the log of any server the
+# suites above ran: what an owner or a caller may do is refused with a
+# SQLSTATE of its own, never with XX000, and never kills a backend.  (The
+# tests that end a backend on purpose use SIGKILL.)  One test of the count.
+check_server_logs() {
+    local logs=() f hits
+    [ -f "$IDEM_TMP/server.log" ] && logs+=("$IDEM_TMP/server.log")
+    for f in "$IDEM_TMP"/src/tmp_check/log/*.log; do
+        [ -f "$f" ] && logs+=("$f")
+    done
+    [ ${#logs[@]} -gt 0 ] || return 0
+    hits=$(grep -HE ' XX000 (ERROR|FATAL|PANIC):|terminated by signal (4|6|7|8|11)\b' \
+        "${logs[@]}" || true)
+    if [ -n "$hits" ]; then
+        echo "===== internal errors or crashes in the server logs"
+        echo "$hits" | head -n 40
+        failed_suites+=("server-logs")
+        failed=$((failed + 1))
+    else
+        log "server logs: no internal error, no crash (${#logs[@]} logs)"
+        passed=$((passed + 1))
+    fi
+}
+check_server_logs
 
 # The other versions of PG_VERSIONS: the regress, isolation and TAP suites
 # (those asked for) in a run of this script of its own against each, which

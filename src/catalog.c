@@ -87,6 +87,9 @@ static Oid	enum_label_oid(Oid type, const char *label);
 static void scope_index_columns(IdemCatalog *fresh, Oid nsp);
 static bool read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable);
 static void check_column_types(const IdemCatalog *fresh);
+static Oid	id_index(const IdemCatalog *fresh);
+static bool serves_id(HeapTuple index_tuple, AttrNumber id_attnum);
+static Oid	index_access_method(Oid index_oid);
 static Oid	created_type(const IdemCatalog *fresh, const char *column);
 static bool records_as_created(const IdemCatalog *fresh);
 static bool check_as_created(Relation rel, const ConstrCheck *check);
@@ -247,6 +250,7 @@ look_up(IdemCatalog *fresh)
 											   idem_policy_name((IdemLeasePolicy) i));
 	check_column_types(fresh);
 	scope_index_columns(fresh, nsp);
+	fresh->id_index_oid = id_index(fresh);
 
 	/* last: nothing after it can fail and leave it behind */
 	fresh->qualified_table =
@@ -332,7 +336,7 @@ scope_index_columns(IdemCatalog *fresh, Oid nsp)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("index \"%s\" of extension \"%s\" is not the unique index of the scope and key",
 						IDEM_SCOPE_INDEX, IDEM_EXTENSION_NAME),
-				 errdetail("It must be unique on the columns role, tenant, caller, operation and key, in collation \"C\", without expressions or a predicate."),
+				 errdetail("It must be unique on the columns role, tenant, caller, operation and key, in collation \"C\", without expressions or a predicate, and not deferrable."),
 				 errhint("Recreate it as the extension's installation script does.")));
 }
 
@@ -372,7 +376,7 @@ read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable)
 															   Anum_pg_index_indcollation,
 															   &isnull));
 	*fits = index->indrelid == fresh->table_oid && index->indisunique &&
-		index->indnkeyatts == IDEM_SCOPE_PARTS && !isnull &&
+		index->indimmediate && index->indnkeyatts == IDEM_SCOPE_PARTS && !isnull &&
 		heap_attisnull(tuple, Anum_pg_index_indexprs, NULL) &&
 		heap_attisnull(tuple, Anum_pg_index_indpred, NULL);
 	for (i = 0; *fits && i < IDEM_SCOPE_PARTS; i++)
@@ -461,6 +465,107 @@ check_column_types(const IdemCatalog *fresh)
 				 errdetail("The idempotency extension reads and writes it as %s.",
 						   format_type_be(wants)),
 				 errhint("Change its type back with ALTER TABLE ... ALTER COLUMN ... TYPE.")));
+}
+
+/*
+ * The index through which a record is found by its id (record_writer.c),
+ * found by its column rather than taken to be the primary key: the owner
+ * may move the primary key to other columns ((tenant, id), say), and a
+ * scan of that index with an id as its first column compares an id with
+ * whatever the first column holds.  The primary key is preferred where it
+ * serves.  A table without such an index, or whose id is no longer an
+ * identity column (a new record's id is the identity's next value), cannot
+ * be written and is refused here, before anything is.
+ */
+static Oid
+id_index(const IdemCatalog *fresh)
+{
+	Relation	rel = table_open(fresh->table_oid, AccessShareLock);
+	AttrNumber	id_attnum = InvalidAttrNumber;
+	bool		identity = false;
+	Oid			found = InvalidOid;
+	List	   *index_oids;
+	ListCell   *lc;
+	int			i;
+
+	for (i = 0; i < RelationGetDescr(rel)->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), i);
+
+		if (!att->attisdropped && strcmp(NameStr(att->attname), "id") == 0)
+		{
+			id_attnum = att->attnum;
+			identity = att->attidentity != '\0';
+		}
+	}
+	index_oids = RelationGetIndexList(rel);
+	foreach(lc, index_oids)
+	{
+		HeapTuple	tuple = SearchSysCache1(INDEXRELID,
+											ObjectIdGetDatum(lfirst_oid(lc)));
+
+		if (!HeapTupleIsValid(tuple))
+			continue;
+		if (serves_id(tuple, id_attnum) &&
+			(!OidIsValid(found) ||
+			 ((Form_pg_index) GETSTRUCT(tuple))->indisprimary))
+			found = lfirst_oid(lc);
+		ReleaseSysCache(tuple);
+	}
+	list_free(index_oids);
+	table_close(rel, AccessShareLock);
+
+	if (!identity)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("column \"id\" of table \"%s\" is not an identity column",
+						IDEM_RECORDS_TABLE),
+				 errdetail("The idempotency extension gives a new record the next value of the identity of its id."),
+				 errhint("Make it one again with ALTER TABLE %s ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (START WITH n), n past the greatest id.",
+						 IDEM_RECORDS_TABLE)));
+	if (!OidIsValid(found))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s\" has no unique index on its column \"id\" alone",
+						IDEM_RECORDS_TABLE),
+				 errdetail("The idempotency extension finds a record by its id through a valid, immediate B-tree index unique on id, without an expression or a predicate."),
+				 errhint("Create one with CREATE UNIQUE INDEX ON %s (id), or make (id) the primary key again.",
+						 IDEM_RECORDS_TABLE)));
+	return found;
+}
+
+/*
+ * Whether an index (its pg_index row) finds a record by its id: a valid,
+ * ready and immediate B-tree index unique on that column alone, with the
+ * default operator class, no expression and no predicate.
+ */
+static bool
+serves_id(HeapTuple index_tuple, AttrNumber id_attnum)
+{
+	Form_pg_index index = (Form_pg_index) GETSTRUCT(index_tuple);
+
+	return id_attnum != InvalidAttrNumber &&
+		index->indisunique && index->indimmediate &&
+		index->indisvalid && index->indisready && index->indislive &&
+		index->indnkeyatts == 1 && index->indkey.values[0] == id_attnum &&
+		index_access_method(index->indexrelid) == BTREE_AM_OID &&
+		heap_attisnull(index_tuple, Anum_pg_index_indexprs, NULL) &&
+		heap_attisnull(index_tuple, Anum_pg_index_indpred, NULL) &&
+		default_operator_classes(index_tuple);
+}
+
+/* The access method of an index, or InvalidOid when it is gone. */
+static Oid
+index_access_method(Oid index_oid)
+{
+	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(index_oid));
+	Oid			am;
+
+	if (!HeapTupleIsValid(tuple))
+		return InvalidOid;
+	am = ((Form_pg_class) GETSTRUCT(tuple))->relam;
+	ReleaseSysCache(tuple);
+	return am;
 }
 
 /*

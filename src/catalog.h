@@ -31,6 +31,7 @@ typedef struct IdemCatalog
 	Oid			scope_index_oid;	/* unique on the scope and key */
 	/* the scope part each column of that index holds, in index order */
 	IdemScopePart scope_index_part[IDEM_SCOPE_PARTS];
+	Oid			id_index_oid;	/* unique on id alone: a record by its id */
 	Oid			guard_function; /* idem_records_guard() */
 	bool		records_as_created; /* no column, constraint, index or
 									 * trigger of the owner's on the table */

@@ -124,6 +124,8 @@ typedef struct ClaimRequest
 } ClaimRequest;
 
 static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
+static Datum claim_text_fingerprinted(FunctionCallInfo fcinfo,
+									  const uint8 *fingerprint);
 static void answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
 							   const IdemRecord *rec, TimestampTz now);
 static void answer_busy(IdemAnswer *answer);
@@ -202,14 +204,31 @@ idem_claim(PG_FUNCTION_ARGS)
 Datum
 idem_claim_text(PG_FUNCTION_ARGS)
 {
+	uint8		fingerprint[IDEM_FINGERPRINT_LEN];
+
+	/*
+	 * The request first, as idem_claim's argument is cast before the call,
+	 * and in a frame that holds nothing else: PostgreSQL's JSON parser
+	 * checks the stack depth at each level, and the claim's own state on
+	 * the stack below it would make a text that the cast accepts too deep.
+	 */
+	if (PG_ARGISNULL(2))
+		empty_request_fingerprint(fingerprint);
+	else
+		idem_fingerprint_json_text(PG_GETARG_TEXT_PP(2), fingerprint);
+	return claim_text_fingerprinted(fcinfo, fingerprint);
+}
+
+/*
+ * The rest of idem_claim_text, once its request is fingerprinted.
+ */
+static pg_noinline Datum
+claim_text_fingerprinted(FunctionCallInfo fcinfo, const uint8 *fingerprint)
+{
 	ClaimRequest req;
 	IdemAnswer	answer;
 
-	/* the request first, as idem_claim's argument is cast before the call */
-	if (PG_ARGISNULL(2))
-		empty_request_fingerprint(req.fingerprint);
-	else
-		idem_fingerprint_json_text(PG_GETARG_TEXT_PP(2), req.fingerprint);
+	memcpy(req.fingerprint, fingerprint, IDEM_FINGERPRINT_LEN);
 	read_scope(fcinfo, 0, 1, 3, -1, &req.scope);
 	req.ttl = seconds_interval(idem_default_ttl_s);
 	(void) idem_interval_usecs(req.ttl, "ttl", false);

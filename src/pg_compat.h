@@ -71,18 +71,6 @@
 	index_beginscan((heap), (index), (snapshot), (nkeys), (norderbys))
 #endif
 
-/*
- * 18: RelationGetPrimaryKeyIndex returns a deferrable primary key only when
- * asked to (deferrable_ok); before, it always did.
- */
-#if PG_VERSION_NUM >= 180000
-#define RelationGetPrimaryKeyIndex_compat(rel) \
-	RelationGetPrimaryKeyIndex((rel), true)
-#else
-#define RelationGetPrimaryKeyIndex_compat(rel) \
-	RelationGetPrimaryKeyIndex(rel)
-#endif
-
 /* 16: EvalPlanQualInit takes the result relations, none here. */
 #if PG_VERSION_NUM >= 160000
 #define EvalPlanQualInit_compat(epqstate, parentestate, subplan, auxrowmarks, epqParam) \

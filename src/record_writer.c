@@ -342,7 +342,7 @@ idem_writer_read(IdemRecordWriter *w, int64 id)
 
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
 	scan = index_beginscan_compat(w->rel,
-								  idem_writer_index(w, RelationGetPrimaryKeyIndex_compat(w->rel)),
+								  idem_writer_index(w, idem_catalog()->id_index_oid),
 								  w->snapshot, 1, 0);
 	index_rescan(scan, &key, 1, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, w->old_slot);

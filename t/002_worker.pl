@@ -238,7 +238,7 @@ pass('the launcher reloads the settings on SIGHUP');
 # waits the new naptime: wait until a cycle that started after the reload
 # has ended.
 my ($hup_at) = slurp_file($node->logfile, $offset) =~
-  /^(\S+ \S+ \S+) \[\d+\] LOG:  idempotency launcher reloaded its settings/m;
+  /^(\S+ \S+ \S+) \[\d+\] (?:[0-9A-Z]{5} )?LOG:  idempotency launcher reloaded its settings/m;
 ok( $node->poll_query_until(
 		'appdb',
 		"SELECT last_cycle_at >= '$hup_at'::timestamptz FROM idem_worker_status() WHERE database = 'appdb'"

@@ -223,7 +223,7 @@ is($ret, 0, 'a non-superuser owner drops a database the worker serves')
 # once it allows them again.
 #
 my ($closed_at) = slurp_file($node->logfile) =~
-  /^(\S+ \S+ \S+) \[\d+\] LOG:  database "closeddb" served by the idempotency worker does not allow connections/m;
+  /^(\S+ \S+ \S+) \[\d+\] (?:[0-9A-Z]{5} )?LOG:  database "closeddb" served by the idempotency worker does not allow connections/m;
 ok(defined $closed_at, 'a database refusing connections is logged');
 # the launcher looks at it again every 5 seconds: let two looks pass
 ok( $node->poll_query_until(

@@ -41,5 +41,45 @@ for my $db ('postgres', 'latin1')
 	ok($ok, "$db: the fuzzer exits 0");
 }
 
+#
+# Nesting near the stack's limit: a text that the cast to jsonb accepts in
+# a statement, idem_claim_text accepts in the same place of the statement
+# (its parse runs no deeper on the stack than the cast's), and one it
+# refuses is refused with the cast's error.  A low max_stack_depth makes
+# the limit a few hundred levels deep; each statement is a session's own.
+#
+# The deepest document a statement accepts, found by bisection.
+sub deepest
+{
+	my ($statement) = @_;
+	my ($low, $high) = (1, 20000);
+	while ($low < $high)
+	{
+		my $mid = int(($low + $high + 1) / 2);
+		my $doc = ('[' x $mid) . (']' x $mid);
+		(my $sql = $statement) =~ s/DOC/'$doc'/;
+		my ($ret, $stdout, $stderr) = $node->psql('postgres',
+			"SET max_stack_depth = '100kB'; $sql");
+		if ($ret == 0) { $low = $mid; }
+		else { $high = $mid - 1; }
+	}
+	my $doc = ('[' x ($low + 1)) . (']' x ($low + 1));
+	(my $sql = $statement) =~ s/DOC/'$doc'/;
+	my ($ret, $stdout, $stderr) = $node->psql('postgres',
+		"SET max_stack_depth = '100kB'; $sql");
+	like($stderr, qr/ERROR:  stack depth limit exceeded/,
+		"one level deeper is refused as too deep: $statement");
+	return $low;
+}
+my $cast = deepest('SELECT DOC::jsonb');
+cmp_ok($cast, '>', 100, 'the cast to jsonb accepts some hundred levels');
+for my $claim ("SELECT idem_claim_text('depth', md5(random()::text), DOC)",
+	"SELECT * FROM idem_claim_text('depth', md5(random()::text), DOC)")
+{
+	my $deepest = deepest($claim);
+	cmp_ok($deepest, '>=', $cast,
+		"as deep as the cast: $claim (cast $cast, claim $deepest)");
+}
+
 $node->stop;
 done_testing();
