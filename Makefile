@@ -2,7 +2,8 @@
 
 MODULE_big = idempotency
 EXTENSION = idempotency
-DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql \
+	idempotency--1.2--1.3.sql
 PG_CPPFLAGS = -I$(srcdir)/src
 
 OBJS = idempotency.o
@@ -45,7 +46,7 @@ SHLIB_LINK += -lcrypto
 
 # Security: role isolation, least privilege, hostile input
 OBJS += src/security.o
-REGRESS += security
+REGRESS += security role_identity
 ISOLATION += claim_roles token_probe wait_takeover
 
 # Background worker and maintenance passes

@@ -128,11 +128,11 @@ SELECT outcome, attempt, body FROM idem_claim('payments.create', 'key-6', '{"amo
 -- 10. A finished record past its expiry answers expired, writing nothing
 -- (expiry.sql tells more); asked to, a claim makes it a new command:
 -- attempt 1, any request.
-UPDATE idem_records SET expires_at = clock_timestamp() - interval '1 second' WHERE operation = 'payments.create' AND key = 'key-1' AND tenant = '' AND caller = current_user;
+UPDATE idem_records SET expires_at = clock_timestamp() - interval '1 second' WHERE operation = 'payments.create' AND key = 'key-1' AND tenant = '' AND caller = '';
 SELECT s.* FROM idem_claim('payments.create', 'key-1', '{"amount": 999}') c, show(c) s;
 SELECT s.* FROM idem_claim('payments.create', 'key-1', '{"amount": 999}', on_expired => 'proceed') c, show(c) s;
 SELECT state, attempt, response_body, resource_id FROM idem_records
- WHERE operation = 'payments.create' AND key = 'key-1' AND tenant = '' AND caller = current_user;
+ WHERE operation = 'payments.create' AND key = 'key-1' AND tenant = '' AND caller = '';
 
 -- 11. idem_replay looks without claiming or writing.
 SELECT s.* FROM idem_replay('payments.create', 'key-2') c, show(c) s;

@@ -71,7 +71,7 @@ SELECT pg_temp.answer(d) FROM idem_claim_text('text.same', 'none', '""', '') d;
 -- the tenant is part of the scope, the calling role the caller
 SELECT pg_temp.answer(d) FROM idem_claim_text('text.same', 'a', '{"n": 1, "m": [1.5, "x"]}', 'tenant-2') d;
 SELECT pg_temp.answer(d) FROM idem_claim('text.same', 'a', '{"n": 1, "m": [1.5, "x"]}', tenant => 'tenant-2') d;
-SELECT tenant, caller = current_user AS caller_is_role, role = current_user AS role_is_current, state
+SELECT tenant, caller = '' AS caller_is_role, role = to_regrole(current_user::text) AS role_is_current, state
   FROM idem_records WHERE operation = 'text.same' AND key = 'a' ORDER BY tenant;
 -- an expired record answers expired (on_expired 'reject', the default)
 UPDATE idem_records SET expires_at = now() - interval '1 second'

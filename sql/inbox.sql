@@ -23,7 +23,7 @@ SELECT idem_inbox('ledger', 'msg-2', '{}');
 
 -- An inbox record: succeeded at attempt 1, no token, lease or response,
 -- the consumer as operation, the role as caller, expiring after the ttl.
-SELECT operation, key, tenant, caller = current_user AS caller_is_role,
+SELECT operation, key, tenant, caller = '' AS caller_is_role,
        state, attempt, attempt_token IS NULL AS no_token,
        locked_until IS NULL AS no_lease, response_status, response_body,
        completed_at = created_at AS done_at_once,

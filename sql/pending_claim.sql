@@ -375,7 +375,7 @@ DROP FUNCTION pc_records(text);
 INSERT INTO idem_records (role, tenant, caller, operation, key, fingerprint, state,
                           attempt, on_lease_expiry, ttl, created_at, claimed_at,
                           updated_at, expires_at, response_status)
-VALUES (current_user, '', current_user, 'pc.op', 'pc-raw', decode(repeat('00', 32), 'hex'),
+VALUES (DEFAULT, '', '', 'pc.op', 'pc-raw', decode(repeat('00', 32), 'hex'),
         'succeeded', 1, 'unknown', '1 day', now(), now(), now(), now() + '1 day', 201);
 
 DELETE FROM idem_records WHERE operation = 'pc.op';

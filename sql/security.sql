@@ -58,7 +58,7 @@ SELECT outcome, body FROM idem_replay('payments.create', 'sec-1', caller => 'svc
 SELECT * FROM idem_records;
 UPDATE idem_records SET response_body = '{}';
 DELETE FROM idem_records;
-INSERT INTO idem_records (role, tenant, caller, operation, key) VALUES ('x', '', 'x', 'x', 'x');
+INSERT INTO idem_records (role, tenant, caller, operation, key) VALUES (DEFAULT, '', 'x', 'x', 'x');
 TRUNCATE idem_records;
 SELECT * FROM idem_stats;
 RESET ROLE;
@@ -134,7 +134,7 @@ SET ROLE regress_idem_app;
 SELECT outcome FROM idem_claim('payments.create', $$'); DROP TABLE idem_records; --$$);
 SELECT outcome FROM idem_claim($$x' OR '1'='1$$, $$' OR 1=1 --$$, tenant => $$'$$);
 RESET ROLE;
-SELECT key FROM idem_records WHERE role = 'regress_idem_app' AND key LIKE '%''%' ORDER BY key;
+SELECT key FROM idem_records WHERE role::text = 'regress_idem_app' AND key LIKE '%''%' ORDER BY key;
 
 -- 7. search_path attacks.  A user creates, in a schema of its own, a table
 -- named like ours and operators and functions named like the ones the
@@ -354,7 +354,7 @@ ALTER TABLE idem_records DROP CONSTRAINT regress_no_secret;
 REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_heartbeat,
                            idem_checkpoint, idem_replay, idem_resolve
     FROM regress_idem_app, regress_idem_other;
-DELETE FROM idem_records WHERE role LIKE 'regress_idem_%';
+DELETE FROM idem_records WHERE role::text LIKE 'regress_idem_%';
 DROP FUNCTION regress_error_of(text);
 DROP ROLE regress_idem_app;
 DROP ROLE regress_idem_other;

@@ -18,8 +18,9 @@ SELECT pg_describe_object(classid, objid, objsubid) AS object
                                        WHERE c.oid = t.typrelid AND c.relkind <> 'c')))
  ORDER BY 1;
 
--- Role, scope and key columns compare bytes ("C"), so that an expression such
--- as current_user::text can use the unique index.
+-- Scope and key columns compare bytes ("C"), so that an expression such as
+-- current_user::text can use the unique index; role holds the role's
+-- identity (regrole), which has no collation.
 SELECT attname, collname
   FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
  WHERE attrelid = 'idem_records'::regclass AND attnum > 0
@@ -28,11 +29,11 @@ SELECT attname, collname
 SELECT indexrelid::regclass AS index, indisunique AS is_unique,
        pg_get_indexdef(indexrelid) AS definition
   FROM pg_index WHERE indrelid = 'idem_records'::regclass
- ORDER BY 1::text;
+ ORDER BY indexrelid::regclass::text;
 
 EXPLAIN (COSTS OFF)
 SELECT * FROM idem_records
- WHERE role = current_user::text AND tenant = '' AND caller = current_user::text
+ WHERE role = to_regrole(current_user::text) AND tenant = '' AND caller = ''
    AND operation = 'payments.create' AND key = 'k1';
 
 -- The record states, in order.

@@ -41,6 +41,17 @@ SELECT token AS sealed_token FROM idem_claim('op', 'needs-1.1', lease => '1h') \
 SELECT idem_complete(:'sealed_token', 200, '{"secret": 1}');
 RESET idempotency.encryption_key;
 
+-- A record of a role dropped before the update: 1.3 finds no role of its
+-- name, and keeps it, matched by no role.
+CREATE ROLE regress_upgrade_gone;
+GRANT EXECUTE ON FUNCTION idem_claim, idem_complete TO regress_upgrade_gone;
+SET ROLE regress_upgrade_gone;
+SELECT token AS gone_token FROM idem_claim('op', 'of-a-dropped-role', '{"n": 8}') \gset
+SELECT idem_complete(:'gone_token', 201, '{"secret": "of the dropped role"}');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION idem_claim, idem_complete FROM regress_upgrade_gone;
+DROP ROLE regress_upgrade_gone;
+
 SELECT key, state, attempt FROM idem_records ORDER BY key;
 
 -- Every column of every record, as 1.0 stored it.
@@ -84,10 +95,40 @@ GRANT SELECT ON idem_stats TO regress_upgrade_app;
 ALTER EXTENSION idempotency UPDATE TO '1.1';
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 SELECT pg_temp.records_digest() = :'digest_1_0' AS every_record_kept;
+ALTER EXTENSION idempotency UPDATE TO '1.2';
+SELECT pg_temp.records_digest() = :'digest_1_0' AS every_record_kept;
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 
-SELECT pg_temp.records_digest() = :'digest_1_0' AS every_record_kept;
+-- 1.3 keeps a record's role by its identity, and a caller that was the
+-- role's own name as the empty string: read back as names, every column of
+-- every record is as 1.0 stored it.  The dropped role's record keeps its
+-- name in former_role, and belongs to no role.
+CREATE FUNCTION pg_temp.records_digest_1_3() RETURNS text LANGUAGE sql AS $$
+  SELECT md5(string_agg(format('%s', (id, coalesce(role::text, former_role), tenant,
+                                      CASE WHEN caller = '' THEN role::text ELSE caller END,
+                                      operation, key,
+                                      fingerprint, state, attempt, attempt_token,
+                                      recovery_point, locked_until, on_lease_expiry,
+                                      ttl, response_status, response_headers,
+                                      response_body, resource_id, created_at,
+                                      claimed_at, updated_at, completed_at,
+                                      expires_at)), ',' ORDER BY id))
+    FROM idem_records
+$$;
+SELECT pg_temp.records_digest_1_3() = :'digest_1_0' AS every_record_kept;
+SELECT key, role, former_role, caller, pg_typeof(role) AS role_type
+  FROM idem_records ORDER BY key;
+SELECT key, role_oid, former_role, caller, state FROM idem_records_without_role();
+-- No role reaches it, a new role of the dropped role's name included.
+CREATE ROLE regress_upgrade_gone;
+GRANT EXECUTE ON FUNCTION idem_claim TO regress_upgrade_gone;
+SET ROLE regress_upgrade_gone;
+SELECT outcome, body FROM idem_claim('op', 'of-a-dropped-role', '{"n": 8}');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION idem_claim FROM regress_upgrade_gone;
+DELETE FROM idem_records WHERE key = 'of-a-dropped-role' AND role = to_regrole('regress_upgrade_gone');
+DROP ROLE regress_upgrade_gone;
 
 -- The functions that gained raw_body keep those grants, as grants of the
 -- user's (not in pg_init_privs), so that pg_dump still dumps them; 1.2's

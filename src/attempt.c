@@ -155,7 +155,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	char	   *state;
 	IdemResponse response;
 	IdemRecord	rec;
-	text	   *role;
+	Oid			role;
 	bool		any_role;
 	IdemUserContext user;
 	bool		ok;

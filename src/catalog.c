@@ -158,6 +158,7 @@ idem_catalog(void)
 	 */
 	fresh.generation = catalog.generation;
 	if (fresh.table_oid != catalog.table_oid || catalog.qualified_table == NULL ||
+		fresh.role_is_oid != catalog.role_is_oid ||
 		strcmp(fresh.qualified_table, catalog.qualified_table) != 0)
 		fresh.generation++;
 	fresh.layout_generation = catalog.layout_generation + 1;
@@ -226,6 +227,10 @@ look_up(IdemCatalog *fresh)
 											CStringGetDatum("idem_records_guard"),
 											PointerGetDatum(buildoidvector(NULL, 0)),
 											ObjectIdGetDatum(nsp));
+	/* 1.3 made role a regrole: what the rest reads depends on it */
+	fresh->role_is_oid =
+		get_atttype(fresh->table_oid,
+					get_attnum(fresh->table_oid, "role")) == REGROLEOID;
 	fresh->records_as_created = records_as_created(fresh);
 	fresh->state_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
 										CStringGetDatum("idem_state"),
@@ -385,12 +390,16 @@ read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable)
 									   index->indkey.values[i], true);
 		int			part;
 
-		/* the scans compare bytes, as "C" orders them (records.c) */
+		/*
+		 * The scans compare bytes, as "C" orders them (records.c); a role's
+		 * identity has no collation.
+		 */
 		*fits = false;
-		if (collations->values[i] != C_COLLATION_OID)
-			break;
 		for (part = 0; name != NULL && part < IDEM_SCOPE_PARTS; part++)
-			if (!seen[part] && strcmp(name, part_names[part]) == 0)
+			if (!seen[part] && strcmp(name, part_names[part]) == 0 &&
+				collations->values[i] ==
+				(part == IDEM_SCOPE_ROLE && fresh->role_is_oid ?
+				 InvalidOid : C_COLLATION_OID))
 			{
 				seen[part] = true;
 				fresh->scope_index_part[i] = (IdemScopePart) part;
@@ -441,6 +450,7 @@ check_column_types(const IdemCatalog *fresh)
 			wants = created;
 		}
 		else if (name_in(NameStr(att->attname), scope_columns) &&
+				 att->atttypid == TEXTOID &&
 				 att->attcollation != C_COLLATION_OID)
 		{
 			column = pstrdup(NameStr(att->attname));
@@ -570,7 +580,9 @@ index_access_method(Oid index_oid)
 
 /*
  * The type the extension's scripts give a column of idem_records, or
- * InvalidOid for a column they do not create.
+ * InvalidOid for a column they do not create.  role is text until 1.2 and
+ * regrole from 1.3 on (fresh->role_is_oid says which, look_up having read
+ * it first).
  */
 static Oid
 created_type(const IdemCatalog *fresh, const char *column)
@@ -580,7 +592,7 @@ created_type(const IdemCatalog *fresh, const char *column)
 		const char *name;
 		Oid			type;
 	}			columns[] = {
-		{"id", INT8OID}, {"role", TEXTOID}, {"tenant", TEXTOID},
+		{"id", INT8OID}, {"tenant", TEXTOID}, {"former_role", TEXTOID},
 		{"caller", TEXTOID}, {"operation", TEXTOID}, {"key", TEXTOID},
 		{"fingerprint", BYTEAOID}, {"attempt", INT4OID},
 		{"attempt_token", BYTEAOID}, {"recovery_point", TEXTOID},
@@ -594,6 +606,8 @@ created_type(const IdemCatalog *fresh, const char *column)
 	};
 	int			i;
 
+	if (strcmp(column, "role") == 0)
+		return fresh->role_is_oid ? REGROLEOID : TEXTOID;
 	if (strcmp(column, "state") == 0)
 		return fresh->state_type;
 	if (strcmp(column, "on_lease_expiry") == 0)
@@ -622,10 +636,11 @@ records_as_created(const IdemCatalog *fresh)
 		"on_lease_expiry", "ttl", "response_status", "response_headers",
 		"response_body", "resource_id", "created_at", "claimed_at",
 		"updated_at", "completed_at", "expires_at", "response_raw_body",
-		"response_sealed", NULL
+		"response_sealed", "former_role", NULL
 	};
+	/* and role until 1.2: from 1.3 a record may belong to no role */
 	static const char *const not_null[] = {
-		"id", "role", "tenant", "caller", "operation", "key", "fingerprint",
+		"id", "tenant", "caller", "operation", "key", "fingerprint",
 		"state", "attempt", "on_lease_expiry", "ttl", "created_at",
 		"claimed_at", "updated_at", "expires_at", NULL
 	};
@@ -653,7 +668,8 @@ records_as_created(const IdemCatalog *fresh)
 		 * it where the completion stores NULL.
 		 */
 		as_created = !att->attisdropped && name_in(name, columns) &&
-			att->attnotnull == name_in(name, not_null) &&
+			att->attnotnull == (name_in(name, not_null) ||
+								(strcmp(name, "role") == 0 && !fresh->role_is_oid)) &&
 			get_typtype(att->atttypid) != TYPTYPE_DOMAIN &&
 			(!att->atthasdef || strcmp(name, "role") == 0) &&
 			att->attgenerated == '\0' &&

@@ -32,6 +32,8 @@ typedef struct IdemCatalog
 	/* the scope part each column of that index holds, in index order */
 	IdemScopePart scope_index_part[IDEM_SCOPE_PARTS];
 	Oid			id_index_oid;	/* unique on id alone: a record by its id */
+	bool		role_is_oid;	/* role holds the role's identity (regrole,
+								 * 1.3 on), not its name (text) */
 	Oid			guard_function; /* idem_records_guard() */
 	bool		records_as_created; /* no column, constraint, index or
 									 * trigger of the owner's on the table */

@@ -315,6 +315,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	idem_check_name(req.scope.operation, "operation", false);
 	idem_check_name(req.scope.tenant, "tenant", true);
 	idem_check_name(req.scope.caller, "caller", false);
+	req.scope.caller = idem_scope_caller(req.scope.caller);
 
 	keys = item_array(fcinfo, 1, "keys", TEXTOID, &nkeys);
 	if (!PG_ARGISNULL(2))
@@ -512,7 +513,7 @@ idem_inbox(PG_FUNCTION_ARGS)
 	req.scope.operation = PG_GETARG_TEXT_PP(0);
 	req.scope.key = PG_GETARG_TEXT_PP(1);
 	req.scope.tenant = cstring_to_text("");
-	req.scope.caller = req.scope.role;
+	req.scope.caller = idem_scope_caller(NULL);
 	idem_check_name(req.scope.operation, "consumer", false);
 	idem_check_key(req.scope.key);
 	if (PG_ARGISNULL(2))
@@ -1020,11 +1021,13 @@ read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
 	scope->operation = PG_GETARG_TEXT_PP(operation_arg);
 	scope->key = PG_GETARG_TEXT_PP(key_arg);
 	scope->tenant = PG_GETARG_TEXT_PP(tenant_arg);
-	scope->caller = caller_arg >= 0 ? PG_GETARG_TEXT_PP(caller_arg) : scope->role;
+	scope->caller = caller_arg >= 0 ? PG_GETARG_TEXT_PP(caller_arg) : NULL;
 	idem_check_name(scope->operation, "operation", false);
 	idem_check_key(scope->key);
 	idem_check_name(scope->tenant, "tenant", true);
-	idem_check_name(scope->caller, "caller", false);
+	if (scope->caller != NULL)
+		idem_check_name(scope->caller, "caller", false);
+	scope->caller = idem_scope_caller(scope->caller);
 }
 
 /*

@@ -80,7 +80,7 @@ idem_key_lock_tag(LOCKTAG *tag, const IdemScope *scope)
 {
 	uint64		h;
 
-	h = hash_text(scope->role, 0);
+	h = hash_bytes_uint32_extended(scope->role, 0);
 	h = hash_text(scope->tenant, h);
 	h = hash_text(scope->caller, h);
 	h = hash_text(scope->operation, h);

@@ -83,7 +83,7 @@ idem_list(PG_FUNCTION_ARGS)
 
 	memset(nulls, ' ', sizeof(nulls));
 	cat = idem_catalog();
-	args[0] = PointerGetDatum(idem_calling_role());
+	args[0] = idem_role_column(idem_calling_role());
 	args[1] = ObjectIdGetDatum(cat->state_oids[state]);
 	if (PG_ARGISNULL(1))
 		nulls[2] = 'n';
@@ -140,7 +140,8 @@ idem_list(PG_FUNCTION_ARGS)
 static SPIPlanPtr
 get_list_plan(const IdemCatalog *cat)
 {
-	Oid			types[LIST_NARGS] = {TEXTOID, cat->state_type, TEXTOID,
+	Oid			types[LIST_NARGS] = {cat->role_is_oid ? OIDOID : TEXTOID,
+	cat->state_type, TEXTOID,
 	TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID};
 	char	   *sql;
 	SPIPlanPtr	plan;

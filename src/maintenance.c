@@ -495,7 +495,8 @@ holds_response(const char *alias)
 static char *
 archive_cte(const char *nsp)
 {
-	const char *columns = IDEM_ARCHIVE_COLUMNS;
+	const char *columns = idem_catalog()->role_is_oid ?
+		IDEM_ARCHIVE_COLUMNS_1_3 : IDEM_ARCHIVE_COLUMNS;
 
 	return psprintf(
 		"archived AS (INSERT INTO %s.idem_records_archive (%s, archived_at)"
@@ -955,7 +956,7 @@ row_kept(HeapTuple tuple, TupleDesc tupdesc)
 /* Rows of a batch with the same role, operation and counter. */
 typedef struct PassCount
 {
-	char	   *role;
+	Oid			role;
 	char	   *operation;
 	IdemStatCounter counter;
 	int64		n;
@@ -966,8 +967,8 @@ typedef struct PassCount
 /*
  * Count the rows the statement just run changed (its RETURNING role,
  * operation and, for leases, the new state), per role and operation, when
- * the transaction commits.  A record whose role no longer exists is
- * counted under role 0.
+ * the transaction commits.  A record whose role no longer exists (or that
+ * belongs to none) is counted under role 0.
  */
 static void
 count_pass_rows(IdemPass pass)
@@ -983,11 +984,13 @@ count_pass_rows(IdemPass pass)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[i];
 		TupleDesc	tupdesc = SPI_tuptable->tupdesc;
-		char	   *role = SPI_getvalue(tuple, tupdesc, 1);
+		bool		role_null;
+		Datum		role_value = SPI_getbinval(tuple, tupdesc, 1, &role_null);
+		Oid			role = role_null ? InvalidOid : idem_role_column_role(role_value);
 		char	   *operation = SPI_getvalue(tuple, tupdesc, 2);
 		IdemStatCounter counter;
 
-		if (role == NULL || operation == NULL || row_kept(tuple, tupdesc))
+		if (operation == NULL || row_kept(tuple, tupdesc))
 			continue;
 		if (pass == IDEM_PASS_LEASES)
 		{
@@ -1003,13 +1006,13 @@ count_pass_rows(IdemPass pass)
 
 		for (g = 0; g < ngroups; g++)
 			if (groups[g].counter == counter &&
-				strcmp(groups[g].role, role) == 0 &&
+				groups[g].role == role &&
 				strcmp(groups[g].operation, operation) == 0)
 				break;
 		if (g == ngroups && ngroups == PASS_COUNT_GROUPS)
 		{
 			/* too many kinds in one batch: count this row alone */
-			idem_stat_count_at_commit(get_role_oid(role, true), operation,
+			idem_stat_count_at_commit(role, operation,
 									  strlen(operation), counter, 1);
 			continue;
 		}
@@ -1024,7 +1027,7 @@ count_pass_rows(IdemPass pass)
 		groups[g].n++;
 	}
 	for (g = 0; g < ngroups; g++)
-		idem_stat_count_at_commit(get_role_oid(groups[g].role, true),
+		idem_stat_count_at_commit(groups[g].role,
 								  groups[g].operation,
 								  strlen(groups[g].operation),
 								  groups[g].counter, groups[g].n);

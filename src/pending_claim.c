@@ -168,13 +168,15 @@ static bool
 scope_entry_fits(const IdemScope *scope)
 {
 	const text *const parts[] = {
-		scope->key, scope->operation, scope->caller, scope->tenant, scope->role
+		scope->key, scope->operation, scope->caller, scope->tenant
 	};
 	Size		size = MAXALIGN(sizeof(IndexTupleData));
 	int			i;
 
 	for (i = 0; i < (int) lengthof(parts); i++)
 		size = INTALIGN(size) + VARHDRSZ + VARSIZE_ANY_EXHDR(parts[i]);
+	/* the role: an oid, or a name (before 1.3), counted at its longest */
+	size = INTALIGN(size) + VARHDRSZ + NAMEDATALEN;
 	return MAXALIGN(size) <= SCOPE_ENTRY_MAX;
 }
 
@@ -191,7 +193,7 @@ idem_pending_keep(const IdemScope *scope, const IdemAttemptStart *start,
 	Assert(!pending.active);
 	register_callbacks();
 	oldcontext = MemoryContextSwitchTo(pending_context);
-	pending.scope.role = copy_text(scope->role);
+	pending.scope.role = scope->role;
 	pending.scope.tenant = copy_text(scope->tenant);
 	pending.scope.caller = copy_text(scope->caller);
 	pending.scope.operation = copy_text(scope->operation);
@@ -238,9 +240,7 @@ idem_pending_finish(const IdemToken *token, const IdemResponse *response,
 		return false;
 	if (token->record_id != pending.id || token->attempt != 1 ||
 		!same_secret(token->secret, pending.start.secret) ||
-		VARSIZE_ANY_EXHDR(token->role) != VARSIZE_ANY_EXHDR(pending.scope.role) ||
-		memcmp(VARDATA_ANY(token->role), VARDATA_ANY(pending.scope.role),
-			   VARSIZE_ANY_EXHDR(token->role)) != 0 ||
+		token->role != pending.scope.role ||
 		!idem_catalog()->records_as_created)
 	{
 		write_pending(NULL, 0);

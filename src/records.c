@@ -91,6 +91,7 @@
 #include "pg_compat.h"
 #include "record_writer.h"
 #include "records.h"
+#include "security.h"
 #include "response_seal.h"
 #include "test_pause.h"
 
@@ -167,6 +168,7 @@ static bool plans_layout_exact = false;
 static bool fetch_record(const IdemScope *scope, IdemRecord *rec, bool latest);
 static TransactionId version_writer(TupleTableSlot *slot);
 static SPIPlanPtr get_plan(RecordPlan which);
+static Oid	role_column_type(const IdemCatalog *cat);
 static SPIPlanPtr prepare_plan(RecordPlan which, const IdemCatalog *cat,
 							   bool exact);
 static bool plans_for_exact_responses(void);
@@ -360,14 +362,14 @@ idem_record_open_response(IdemRecord *rec)
  * is none.
  */
 bool
-idem_record_fetch_by_id(int64 id, text *role, bool any_role, IdemRecord *rec)
+idem_record_fetch_by_id(int64 id, Oid role, bool any_role, IdemRecord *rec)
 {
 	MemoryContext caller = CurrentMemoryContext;
 	Datum		values[3];
 	bool		found;
 
 	values[0] = Int64GetDatum(id);
-	values[1] = PointerGetDatum(role);
+	values[1] = idem_role_column(role);
 	values[2] = BoolGetDatum(any_role);
 	found = run_plan(PLAN_FETCH_BY_ID, values, NULL) > 0;
 	if (found)
@@ -582,7 +584,7 @@ insert_row(IdemRecordWriter *w, const IdemScope *scope,
 
 	values = idem_writer_new_row(w, &nulls, false);
 	set_column(values, nulls, col[COL_ID], Int64GetDatum(id));
-	set_column(values, nulls, col[COL_ROLE], PointerGetDatum(scope->role));
+	set_column(values, nulls, col[COL_ROLE], idem_role_column(scope->role));
 	set_column(values, nulls, col[COL_TENANT], PointerGetDatum(scope->tenant));
 	set_column(values, nulls, col[COL_CALLER], PointerGetDatum(scope->caller));
 	set_column(values, nulls, col[COL_OPERATION], PointerGetDatum(scope->operation));
@@ -682,16 +684,19 @@ row_is_claimed(TupleTableSlot *slot, Relation heap, const IdemScope *scope,
 			   int64 id)
 {
 	const AttrNumber *col = column_attnums(heap);
-	const RecordColumn parts[] = {COL_ROLE, COL_TENANT, COL_CALLER,
-	COL_OPERATION, COL_KEY};
-	text	   *wanted[] = {scope->role, scope->tenant, scope->caller,
-	scope->operation, scope->key};
+	const RecordColumn parts[] = {COL_TENANT, COL_CALLER, COL_OPERATION,
+	COL_KEY};
+	text	   *wanted[] = {scope->tenant, scope->caller, scope->operation,
+	scope->key};
 	bool		isnull;
 	Datum		value;
 	int			i;
 
 	value = slot_getattr(slot, col[COL_ID], &isnull);
 	if (isnull || DatumGetInt64(value) != id)
+		return false;
+	value = slot_getattr(slot, col[COL_ROLE], &isnull);
+	if (isnull || !idem_role_column_is(value, scope->role))
 		return false;
 	for (i = 0; i < (int) lengthof(parts); i++)
 	{
@@ -899,7 +904,7 @@ idem_record_set_recovery_point(const IdemToken *token, text *recovery_point,
  * written by another transaction, which then wins).
  */
 bool
-idem_record_resolve(int64 id, text *role, bool any_role,
+idem_record_resolve(int64 id, Oid role, bool any_role,
 					const IdemResponse *response, TimestampTz now)
 {
 	const IdemCatalog *cat = idem_catalog();
@@ -923,7 +928,7 @@ idem_record_resolve(int64 id, text *role, bool any_role,
 	values[5] = nullable(response->resource_id, &nulls[5]);
 	values[6] = TimestampTzGetDatum(now);
 	values[7] = ObjectIdGetDatum(cat->state_oids[IDEM_UNKNOWN]);
-	values[8] = PointerGetDatum(role);
+	values[8] = idem_role_column(role);
 	values[9] = BoolGetDatum(any_role);
 	values[10] = nullable(sealed ? NULL : response->raw_body, &nulls[10]);
 	values[11] = nullable(sealed, &nulls[11]);
@@ -1046,6 +1051,16 @@ optional_column(TupleTableSlot *slot, AttrNumber attnum)
 }
 
 /*
+ * The type of the role column's value in a statement: its identity, or
+ * the role's name where the SQL installed is older than 1.3.
+ */
+static Oid
+role_column_type(const IdemCatalog *cat)
+{
+	return cat->role_is_oid ? OIDOID : TEXTOID;
+}
+
+/*
  * Prepare one statement against the current records table and keep it.
  */
 static SPIPlanPtr
@@ -1067,7 +1082,7 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 							 "SELECT " RECORD_COLUMNS ", role, tenant, caller, operation, key"
 							 " FROM %s WHERE id" EQ "$1 AND (role" EQ "$2 OR $3)", t);
 			types[0] = INT8OID;
-			types[1] = TEXTOID;
+			types[1] = role_column_type(cat);
 			types[2] = BOOLOID;
 			nargs = 3;
 			break;
@@ -1093,24 +1108,26 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 					 * reused.
 					 */
 					char	   *nsp = get_namespace_name(cat->schema_oid);
+					const char *columns = cat->role_is_oid ?
+						IDEM_ARCHIVE_COLUMNS_1_3 : IDEM_ARCHIVE_COLUMNS;
 
 					Assert(exact);
 					if (nsp == NULL)
 						elog(ERROR, "schema %u of extension \"%s\" not found",
 							 cat->schema_oid, IDEM_EXTENSION_NAME);
 					nsp = (char *) quote_identifier(nsp);
+
 					appendStringInfo(&sql,
-									 "WITH target AS (SELECT " IDEM_ARCHIVE_COLUMNS
-									 " FROM %s%s),"
+									 "WITH target AS (SELECT %s FROM %s%s),"
 									 " archived AS (INSERT INTO %s.%s"
-									 " (" IDEM_ARCHIVE_COLUMNS ", archived_at)"
-									 " SELECT " IDEM_ARCHIVE_COLUMNS ", pg_catalog.clock_timestamp()"
+									 " (%s, archived_at)"
+									 " SELECT %s, pg_catalog.clock_timestamp()"
 									 " FROM target AS o WHERE NOT EXISTS"
 									 " (SELECT FROM %s.%s AS x WHERE x.id" EQ "o.id"
 									 " AND x.claimed_at" EQ "o.claimed_at))"
-									 " UPDATE %s", t, target,
-									 nsp, IDEM_ARCHIVE_TABLE, nsp, IDEM_ARCHIVE_TABLE,
-									 t);
+									 " UPDATE %s", columns, t, target,
+									 nsp, IDEM_ARCHIVE_TABLE, columns, columns,
+									 nsp, IDEM_ARCHIVE_TABLE, t);
 				}
 				appendStringInfo(&sql,
 								 " SET fingerprint = $3, state = $4, attempt = $5,"
@@ -1178,7 +1195,7 @@ prepare_plan(RecordPlan which, const IdemCatalog *cat, bool exact)
 			types[5] = TEXTOID;
 			types[6] = TIMESTAMPTZOID;
 			types[7] = cat->state_type;
-			types[8] = TEXTOID;
+			types[8] = role_column_type(cat);
 			types[9] = BOOLOID;
 			types[10] = types[11] = BYTEAOID;
 			nargs = exact ? 12 : 10;
@@ -1300,14 +1317,23 @@ scope_keys(const IdemScope *scope, ScanKey keys)
 	text	   *parts[IDEM_SCOPE_PARTS];
 	int			i;
 
-	parts[IDEM_SCOPE_ROLE] = scope->role;
+	parts[IDEM_SCOPE_ROLE] = NULL;
 	parts[IDEM_SCOPE_TENANT] = scope->tenant;
 	parts[IDEM_SCOPE_CALLER] = scope->caller;
 	parts[IDEM_SCOPE_OPERATION] = scope->operation;
 	parts[IDEM_SCOPE_KEY] = scope->key;
 	for (i = 0; i < IDEM_SCOPE_PARTS; i++)
-		ScanKeyInit(&keys[i], i + 1, BTEqualStrategyNumber, F_TEXTEQ,
-					PointerGetDatum(parts[cat->scope_index_part[i]]));
+	{
+		IdemScopePart part = cat->scope_index_part[i];
+
+		if (part == IDEM_SCOPE_ROLE)
+			ScanKeyInit(&keys[i], i + 1, BTEqualStrategyNumber,
+						cat->role_is_oid ? F_OIDEQ : F_TEXTEQ,
+						idem_role_column(scope->role));
+		else
+			ScanKeyInit(&keys[i], i + 1, BTEqualStrategyNumber, F_TEXTEQ,
+						PointerGetDatum(parts[part]));
+	}
 }
 
 /*
@@ -1330,7 +1356,6 @@ lock_token_attempt(IdemRecordWriter *w, const IdemToken *token)
 	bool		isnull;
 	Datum		value;
 
-	Assert(token->role != NULL);
 	col = column_attnums(w->rel);
 	if (!idem_writer_read(w, token->record_id) ||
 		!token_owns_row(slot, col, token))
@@ -1358,18 +1383,12 @@ token_owns_row(TupleTableSlot *slot, const AttrNumber *col,
 	bool		isnull;
 	Datum		value;
 	bytea	   *secret;
-	text	   *role;
 	const uint8 *stored;
 	uint8		diff = 0;
 	int			i;
 
 	value = slot_getattr(slot, col[COL_ROLE], &isnull);
-	if (isnull)
-		return false;
-	role = DatumGetTextPP(value);
-	if (VARSIZE_ANY_EXHDR(role) != VARSIZE_ANY_EXHDR(token->role) ||
-		memcmp(VARDATA_ANY(role), VARDATA_ANY(token->role),
-			   VARSIZE_ANY_EXHDR(role)) != 0)
+	if (isnull || !idem_role_column_is(value, token->role))
 		return false;
 
 	value = slot_getattr(slot, col[COL_ATTEMPT_TOKEN], &isnull);
@@ -1525,6 +1544,7 @@ read_spi_row(IdemRecord *rec, bool with_scope, MemoryContext into)
 	Datum		values[RECORD_COLUMN_COUNT];
 	bool		nulls[RECORD_COLUMN_COUNT];
 	bool		isnull;
+	Datum		value;
 	int			i;
 
 	for (i = 0; i < RECORD_COLUMN_COUNT; i++)
@@ -1534,7 +1554,8 @@ read_spi_row(IdemRecord *rec, bool with_scope, MemoryContext into)
 	if (with_scope)
 	{
 		i = RECORD_COLUMN_COUNT + 1;
-		rec->scope.role = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull), into);
+		value = SPI_getbinval(tuple, tupdesc, i++, &isnull);
+		rec->scope.role = isnull ? InvalidOid : idem_role_column_role(value);
 		rec->scope.tenant = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull), into);
 		rec->scope.caller = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull), into);
 		rec->scope.operation = (text *) copy_out(SPI_getbinval(tuple, tupdesc, i++, &isnull), into);

@@ -22,10 +22,11 @@
 /*
  * The scope and key of a record.  role is the database role that called the
  * function (idem_calling_role), never an argument: it keeps roles apart.
+ * In a record read back it is InvalidOid when the record's role is gone.
  */
 typedef struct IdemScope
 {
-	text	   *role;
+	Oid			role;
 	text	   *tenant;
 	text	   *caller;
 	text	   *operation;
@@ -92,13 +93,13 @@ typedef struct IdemToken
 	int64		record_id;
 	int32		attempt;
 	uint8		secret[IDEM_TOKEN_SECRET_LEN];
-	text	   *role;			/* set by the caller, not by the parser */
+	Oid			role;			/* set by the caller, not by the parser */
 } IdemToken;
 
 extern bool idem_record_fetch(const IdemScope *scope, IdemRecord *rec);
 extern bool idem_record_fetch_latest(const IdemScope *scope, IdemRecord *rec);
 extern void idem_record_open_response(IdemRecord *rec);
-extern bool idem_record_fetch_by_id(int64 id, text *role, bool any_role,
+extern bool idem_record_fetch_by_id(int64 id, Oid role, bool any_role,
 									IdemRecord *rec);
 extern bool idem_record_insert(const IdemScope *scope,
 							   const IdemAttemptStart *start, int64 *id,
@@ -120,7 +121,7 @@ extern bool idem_record_extend_lease(const IdemToken *token,
 extern bool idem_record_set_recovery_point(const IdemToken *token,
 										   text *recovery_point,
 										   TimestampTz now);
-extern bool idem_record_resolve(int64 id, text *role, bool any_role,
+extern bool idem_record_resolve(int64 id, Oid role, bool any_role,
 								const IdemResponse *response, TimestampTz now);
 
 #endif							/* IDEM_RECORDS_H */

@@ -67,14 +67,25 @@ static Oid	role_name_oid = InvalidOid;
 static char role_name[NAMEDATALEN];
 
 /*
- * Name of the role the call acts for: current_user when the function was
- * called.  Must be called before idem_become_owner.
+ * The role the call acts for: current_user when the function was called
+ * (the functions are not SECURITY DEFINER).  A record belongs to it by
+ * its identity, so that a rename keeps a role's records and a new role
+ * given a dropped role's name finds none of them.  Must be called before
+ * idem_become_owner.
  */
-text *
+Oid
 idem_calling_role(void)
 {
+	return GetUserId();
+}
+
+/*
+ * Name of a role, as text.
+ */
+static text *
+role_name_of(Oid roleid)
+{
 	static bool callback_registered = false;
-	Oid			roleid = GetUserId();
 
 	if (roleid != role_name_oid)
 	{
@@ -87,6 +98,87 @@ idem_calling_role(void)
 		role_name_oid = roleid;
 	}
 	return cstring_to_text(role_name);
+}
+
+/*
+ * The value of the role column for a role (the calling role, taken before
+ * idem_become_owner): its identity where the column is a regrole (1.3 on),
+ * its name where the SQL installed is older and the column still text
+ * (until ALTER EXTENSION ... UPDATE).
+ */
+Datum
+idem_role_column(Oid role)
+{
+	if (idem_catalog()->role_is_oid)
+		return ObjectIdGetDatum(role);
+	return PointerGetDatum(role_name_of(role));
+}
+
+/*
+ * Whether a value of the role column (not NULL) is a role's.  Names
+ * compare as bytes (the text column's collation is "C").
+ */
+bool
+idem_role_column_is(Datum value, Oid role)
+{
+	text	   *name;
+	text	   *wanted;
+	bool		same;
+
+	if (idem_catalog()->role_is_oid)
+		return DatumGetObjectId(value) == role;
+	name = DatumGetTextPP(value);
+	wanted = role_name_of(role);
+	same = VARSIZE_ANY_EXHDR(name) == VARSIZE_ANY_EXHDR(wanted) &&
+		memcmp(VARDATA_ANY(name), VARDATA_ANY(wanted),
+			   VARSIZE_ANY_EXHDR(name)) == 0;
+	pfree(wanted);
+	return same;
+}
+
+/*
+ * The role a value of the role column names: its identity, or for a
+ * name (before 1.3) the role of that name now; InvalidOid when none.
+ */
+Oid
+idem_role_column_role(Datum value)
+{
+	char	   *name;
+	Oid			role;
+
+	if (idem_catalog()->role_is_oid)
+		return DatumGetObjectId(value);
+	name = text_to_cstring(DatumGetTextPP(value));
+	role = get_role_oid(name, true);
+	pfree(name);
+	return role;
+}
+
+/*
+ * The caller a call's scope stores, given the caller it names (NULL for a
+ * function that takes none).  Until 1.2 a record that its role made for
+ * itself had the role's name as its caller, the default of the functions'
+ * caller argument (current_user): a rename changed the caller of every new
+ * call, and the key proceeded again.  From 1.3 such a record's caller is
+ * the empty string, which no call can name (a caller must not be empty):
+ * the default, and a call that names its own role's current name, mean
+ * the role itself, whatever it is called.  Under older SQL, the name.
+ * Must be called before idem_become_owner.
+ */
+text *
+idem_scope_caller(text *caller)
+{
+	text	   *name = role_name_of(idem_calling_role());
+	bool		is_role;
+
+	if (!idem_catalog()->role_is_oid)
+		return caller != NULL ? caller : name;
+	is_role = caller == NULL ||
+		(VARSIZE_ANY_EXHDR(caller) == VARSIZE_ANY_EXHDR(name) &&
+		 memcmp(VARDATA_ANY(caller), VARDATA_ANY(name),
+				VARSIZE_ANY_EXHDR(name)) == 0);
+	pfree(name);
+	return is_role ? cstring_to_text("") : caller;
 }
 
 /* A syscache callback: pg_authid changed, the name kept may be stale. */

@@ -17,7 +17,11 @@ typedef struct IdemUserContext
 	int			saved_sec_context;
 } IdemUserContext;
 
-extern text *idem_calling_role(void);
+extern Oid	idem_calling_role(void);
+extern Datum idem_role_column(Oid role);
+extern bool idem_role_column_is(Datum value, Oid role);
+extern Oid	idem_role_column_role(Datum value);
+extern text *idem_scope_caller(text *caller);
 extern bool idem_calling_role_is_operator(void);
 extern void idem_become_owner(IdemUserContext *ctx);
 extern void idem_restore_user(const IdemUserContext *ctx);

@@ -308,8 +308,17 @@ idem_records_guard(PG_FUNCTION_ARGS)
 		{
 			Datum		oldval = get_column(oldtuple, tupdesc, columns.scope[i], &oldnull);
 			Datum		newval = get_column(newtuple, tupdesc, columns.scope[i], &isnull);
+			bool		same;
 
-			if (isnull || oldnull || !same_bytes(oldval, newval))
+			/*
+			 * role is a regrole from 1.3 on, NULL for a record that belongs
+			 * to no role; the other parts (and role before) are texts.
+			 */
+			if (TupleDescAttr(tupdesc, columns.scope[i] - 1)->attbyval)
+				same = same_scalar(oldtuple, newtuple, tupdesc, columns.scope[i]);
+			else
+				same = !isnull && !oldnull && same_bytes(oldval, newval);
+			if (!same)
 				ereport(ERROR,
 						(errcode(ERRCODE_CHECK_VIOLATION),
 						 errmsg("the scope and key of an idempotency record cannot change"),
