@@ -33,19 +33,31 @@
 -- rewrites the table once, its USING expressions reading the rows as they
 -- were before it, and the guard trigger does not fire on a rewrite.
 --
-ALTER TABLE idem_records ADD COLUMN former_role text COLLATE "C";
-ALTER TABLE idem_records
-    ALTER COLUMN former_role TYPE text COLLATE "C"
-        USING (CASE WHEN pg_catalog.to_regrole(pg_catalog.quote_ident(role)) IS NULL
-                    THEN role END),
-    ALTER COLUMN caller TYPE text COLLATE "C"
-        USING (CASE WHEN caller OPERATOR(pg_catalog.=) role
-                     AND pg_catalog.to_regrole(pg_catalog.quote_ident(role)) IS NOT NULL
-                    THEN '' ELSE caller END),
-    ALTER COLUMN role DROP DEFAULT,
-    ALTER COLUMN role DROP NOT NULL,
-    ALTER COLUMN role TYPE regrole
-        USING pg_catalog.to_regrole(pg_catalog.quote_ident(role));
+DO $convert$
+DECLARE
+    t text;
+BEGIN
+    -- the archive keeps records as they are: the same conversion, so that
+    -- a copy keeps its role however it is renamed
+    FOREACH t IN ARRAY ARRAY['idem_records', 'idem_records_archive'] LOOP
+        EXECUTE format('ALTER TABLE %I ADD COLUMN former_role text COLLATE "C"', t);
+        EXECUTE format($sql$
+            ALTER TABLE %I
+                ALTER COLUMN former_role TYPE text COLLATE "C"
+                    USING (CASE WHEN pg_catalog.to_regrole(pg_catalog.quote_ident(role)) IS NULL
+                                THEN role END),
+                ALTER COLUMN caller TYPE text COLLATE "C"
+                    USING (CASE WHEN caller OPERATOR(pg_catalog.=) role
+                                 AND pg_catalog.to_regrole(pg_catalog.quote_ident(role)) IS NOT NULL
+                                THEN '' ELSE caller END),
+                ALTER COLUMN role DROP DEFAULT,
+                ALTER COLUMN role DROP NOT NULL,
+                ALTER COLUMN role TYPE regrole
+                    USING pg_catalog.to_regrole(pg_catalog.quote_ident(role))
+            $sql$, t);
+    END LOOP;
+END
+$convert$;
 ALTER TABLE idem_records
     ALTER COLUMN role SET DEFAULT pg_catalog.to_regrole(pg_catalog.quote_ident(current_user));
 
@@ -55,21 +67,6 @@ COMMENT ON COLUMN idem_records.caller IS
     'Who called within the role: empty when the role called for itself.';
 COMMENT ON COLUMN idem_records.former_role IS
     'The name the role column held before 1.3, for a record whose name matched no role then; NULL otherwise.';
-
--- The archive keeps records as they are: the same conversion, so that a
--- copy keeps its role however it is renamed.
-ALTER TABLE idem_records_archive ADD COLUMN former_role text COLLATE "C";
-ALTER TABLE idem_records_archive
-    ALTER COLUMN former_role TYPE text COLLATE "C"
-        USING (CASE WHEN pg_catalog.to_regrole(pg_catalog.quote_ident(role)) IS NULL
-                    THEN role END),
-    ALTER COLUMN caller TYPE text COLLATE "C"
-        USING (CASE WHEN caller OPERATOR(pg_catalog.=) role
-                     AND pg_catalog.to_regrole(pg_catalog.quote_ident(role)) IS NOT NULL
-                    THEN '' ELSE caller END),
-    ALTER COLUMN role DROP NOT NULL,
-    ALTER COLUMN role TYPE regrole
-        USING pg_catalog.to_regrole(pg_catalog.quote_ident(role));
 
 --
 -- The records no role can reach any more: those whose name matched no role
