@@ -52,7 +52,10 @@ is(scalar(split /\n/, $before), 5, 'five records before the dump');
 # too: a copy of the finished record, as cleanup makes it.
 $node->safe_psql('appdb', q{
 	INSERT INTO idem_records_archive
-	SELECT r.*, now() FROM idem_records r WHERE key = 'key-ok'});
+	SELECT a.* FROM idem_records r,
+	       jsonb_populate_record(NULL::idem_records_archive,
+	                             to_jsonb(r) || jsonb_build_object('archived_at', now())) a
+	 WHERE r.key = 'key-ok'});
 my $archive_query =
   'SELECT a::text FROM idem_records_archive a ORDER BY id, claimed_at';
 my $archive_before = $node->safe_psql('appdb', $archive_query);
@@ -139,6 +142,43 @@ my ($ret, $stdout, $stderr) = $node->psql('restored', q{
 	VALUES ('app', '', 'app', 'op', 'raw', sha256(''), 'succeeded', 1, 'unknown', '1 day',
 	        201, now(), now(), now(), now() + '1 day')});
 like($stderr, qr/invalid new idempotency record/, 'a raw INSERT of a finished record is still refused');
+
+# Into another cluster, whose roles have other OIDs: pg_dump writes a
+# record's role by its name and the restore finds the role of that name,
+# so every record is back with its role, and the application's role
+# replays its answers.  A role of that cluster that made no record sees
+# none of them, whatever its OID.
+my $other = PostgreSQL::Test::Cluster->new('other');
+$other->init;
+$other->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
+$other->start;
+$other->safe_psql('postgres', q{
+	CREATE ROLE filler_1; CREATE ROLE filler_2; CREATE ROLE filler_3;
+	CREATE ROLE app;
+	CREATE DATABASE appdb});
+my $app_oid = $node->safe_psql('appdb', "SELECT 'app'::regrole::oid");
+my $other_app_oid = $other->safe_psql('postgres', "SELECT 'app'::regrole::oid");
+isnt($other_app_oid, $app_oid, 'the other cluster gives app another OID');
+$other->command_ok(
+	[ 'pg_restore', '--exit-on-error', '-d', $other->connstr('appdb'), $dump ],
+	'pg_restore into another cluster');
+is($other->safe_psql('appdb', $records_query), $before,
+	'another cluster: every record is back with its role, column for column');
+is($other->safe_psql('appdb', "SELECT count(*) FROM idem_records WHERE role::oid = $other_app_oid"),
+	'5', 'another cluster: the records belong to its app role, by OID');
+is($other->safe_psql('appdb', q{
+	SET ROLE app;
+	SELECT outcome, http_status, body FROM idem_claim('payments.create', 'key-ok', '{"amount": 100}')}),
+	'replay|201|{"id": "PAY-1", "amount": 100}', 'another cluster: app replays its answer');
+$other->safe_psql('appdb', 'GRANT EXECUTE ON FUNCTION idem_claim TO PUBLIC');
+foreach my $role ('filler_1', 'filler_2', 'filler_3')
+{
+	is($other->safe_psql('appdb', qq{
+		SET ROLE $role;
+		SELECT outcome FROM idem_claim('payments.create', 'key-ok', '{"amount": 100}')}),
+		'proceed', "another cluster: $role sees none of app's records");
+}
+$other->stop;
 
 $node->stop;
 done_testing();

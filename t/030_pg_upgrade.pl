@@ -70,7 +70,10 @@ $old->safe_psql('appdb', q{
 	SET idempotency.tombstone_ttl = '30d';
 	SELECT idem_cleanup();
 	INSERT INTO idem_records_archive
-	SELECT r.*, now() FROM idem_records r WHERE key = 'key-ok';
+	SELECT a.* FROM idem_records r,
+	       jsonb_populate_record(NULL::idem_records_archive,
+	                             to_jsonb(r) || jsonb_build_object('archived_at', now())) a
+	 WHERE r.key = 'key-ok';
 });
 
 my $records_query = 'SELECT r::text FROM idem_records r ORDER BY id';
@@ -85,6 +88,9 @@ my $answers_query = q{
 	       idem_replay('payments.create', key)
 	 ORDER BY key};
 my $before = $old->safe_psql('appdb', $records_query);
+# A record belongs to its role's identity: pg_upgrade keeps role OIDs.
+my $roles_query = 'SELECT id, role::oid FROM idem_records ORDER BY id';
+my $roles_before = $old->safe_psql('appdb', $roles_query);
 my $archive_before = $old->safe_psql('appdb', $archive_query);
 my $answers_before = $old->safe_psql('appdb', $answers_query);
 is( $old->safe_psql('appdb', $states_query),
@@ -168,6 +174,8 @@ $new->start;
 
 is($new->safe_psql('appdb', $records_query),
 	$before, 'every record is kept, column for column');
+is($new->safe_psql('appdb', $roles_query),
+	$roles_before, 'every record keeps its role, by OID');
 is($new->safe_psql('appdb', $archive_query),
 	$archive_before, 'the archive is kept, column for column');
 is($new->safe_psql('appdb', $answers_query),
@@ -227,6 +235,13 @@ is( $new->safe_psql('appdb', qq{
 	'proceed|t', 'a new key proceeds, with a new record id');
 is($new->safe_psql('appdb', 'SELECT count(*) FROM idem_records'),
 	'8', 'nothing was lost or duplicated (7 upgraded, 1 new)');
+
+# The role renamed after the upgrade keeps its records.
+$new->safe_psql('postgres', 'ALTER ROLE app RENAME TO app_v2');
+is($new->safe_psql('appdb', q{
+		SET ROLE app_v2;
+		SELECT outcome, http_status FROM idem_claim('payments.create', 'key-ok', '{"amount": 100}')}),
+	'replay|201', 'a role renamed after the upgrade still replays its answers');
 
 $new->stop;
 done_testing();
