@@ -166,6 +166,63 @@ public final class IdempotencyTest {
         check("  ... which then ends with 201", slow.get(30, TimeUnit.SECONDS).status() == 201, slow);
     }
 
+    /**
+     * Header values are checked as the strictest server checks them
+     * (node:http: a token name; no character above U+00FF, no control
+     * character but HTAB) before they are stored: the JDK's server writes
+     * each char as one byte, so "\u010d\u010a" would be CR LF on the wire.
+     */
+    static void headers(Pool pool, Idempotency idem) throws Exception {
+        List<List<String>> bad = List.of(
+            List.of("X-Note", "ok\u010d\u010aSet-Cookie: session=attacker"),
+            List.of("X-Note", "a\r\nSet-Cookie: x=y"), List.of("X-Note", "a\nb"), List.of("X-Note", "a\u0000b"),
+            List.of("X-Note", "a\u0001b"), List.of("X-Note", "a\u007fb"), List.of("X-Note", "caf\u0107"),
+            List.of("X Note", "a"), List.of("X-Note:", "a"), List.of("", "a"), List.of("X-N\u00f6te", "a"));
+        for (List<String> h : bad) {
+            String key = UUID.randomUUID().toString();
+            Call call = Call.of(op("headers"), key, "{\"amount\": 14}");
+            String what = Json.write(h);
+            try {
+                Response r = idem.run(call, (conn, a) -> {
+                    pay(conn, a, 14);
+                    return Result.of(201, List.of(h), new byte[0]);
+                });
+                check("a header the strictest server refuses is refused before it is stored: " + what, false, r);
+            } catch (IllegalArgumentException e) {
+                Response retry = idem.run(call, (conn, a) -> pay(conn, a, 14));
+                check("a header the strictest server refuses is refused before it is stored, rolled back, "
+                      + "the retry proceeds: " + what,
+                      payments(pool, key) == 1 && retry.status() == 201 && !retry.replayed(), retry);
+            }
+        }
+        String key = UUID.randomUUID().toString();
+        Response ok = idem.run(Call.of(op("headers"), key, "{}"),
+                               (conn, a) -> Result.of(200, List.of(List.of("X-Note", "tab\there, caf\u00e9 ~")), null));
+        Response replay = idem.run(Call.of(op("headers"), key, "{}"), NEVER);
+        check("a header value of HTAB, printable ASCII and U+0080..U+00FF is stored and replayed",
+              replay.replayed() && "tab\there, caf\u00e9 ~".equals(replay.header("X-Note")), replay);
+        // A record stored by another client of the records, with a value
+        // no server may send: its replay is refused, never sent.
+        String stored = UUID.randomUUID().toString();
+        Connection conn = pool.take();
+        try (PreparedStatement ps = conn.prepareStatement(
+                "SELECT idem_complete((SELECT token FROM idem_claim(?, ?)), 200,"
+                + " headers => '[[\"X-Note\", \"ok\\u010d\\u010aSet-Cookie: a=b\"]]')")) {
+            ps.setString(1, op("headers"));
+            ps.setString(2, stored);
+            ps.execute();
+            conn.commit();
+        } finally {
+            pool.give(conn, false);
+        }
+        try {
+            Response r = idem.run(Call.of(op("headers"), stored, null), NEVER);
+            check("the replay of a stored header no server may send is refused", false, r);
+        } catch (IllegalStateException e) {
+            check("the replay of a stored header no server may send is refused", true, e);
+        }
+    }
+
     static void external(Idempotency idem) throws Exception {
         String key = UUID.randomUUID().toString();
         Call call = Call.of(op("external"), key, "{}").withLease(Duration.ofSeconds(5));
@@ -623,6 +680,7 @@ public final class IdempotencyTest {
         Idempotency idem = new Idempotency(pool);
         try {
             core(pool, idem);
+            headers(pool, idem);
             external(idem);
             filter(idem);
             roundTrips("named statements");

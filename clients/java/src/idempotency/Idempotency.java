@@ -66,7 +66,7 @@ public final class Idempotency {
             if (status < 100 || status > 599) {
                 throw new IllegalArgumentException("not an HTTP status: " + status);
             }
-            headers = headers == null ? List.of() : headers;
+            headers = checkedHeaders(headers);
             body = body == null ? new byte[0] : body;
         }
 
@@ -91,6 +91,51 @@ public final class Idempotency {
         Response response() {
             return new Response(status, headers, body, "proceed", false);
         }
+    }
+
+    /** An HTTP token (RFC 9110): what a header name may be. */
+    private static final java.util.regex.Pattern TOKEN = java.util.regex.Pattern.compile("[!#$%&'*+.^_`|~0-9A-Za-z-]+");
+
+    /**
+     * Why the strictest server (node:http) would refuse to send a header, or
+     * null when it sends it: a name that is not a token, a value with a
+     * character above U+00FF or a control character other than HTAB (CR and
+     * LF would split the answer; the JDK's server writes each char as one
+     * byte, so U+010D U+010A would be CR LF too).
+     */
+    public static String headerProblem(String name, String value) {
+        if (name == null || !TOKEN.matcher(name).matches()) {
+            return "invalid header name " + Json.write(name);
+        }
+        if (value == null) {
+            return "no value for header " + Json.write(name);
+        }
+        for (int k = 0; k < value.length(); k++) {
+            char c = value.charAt(k);
+            if (c != '\t' && (c < 0x20 || c == 0x7f || c > 0xff)) {
+                return "invalid character in the value of header " + Json.write(name);
+            }
+        }
+        return null;
+    }
+
+    /** A handler's header pairs, each checked before it is stored (IllegalArgumentException). */
+    static List<List<String>> checkedHeaders(List<List<String>> headers) {
+        if (headers == null) {
+            return List.of();
+        }
+        List<List<String>> pairs = new ArrayList<>(headers.size());
+        for (List<String> h : headers) {
+            if (h == null || h.size() != 2) {
+                throw new IllegalArgumentException("a header is a [name, value] pair: " + h);
+            }
+            String problem = headerProblem(h.get(0), h.get(1));
+            if (problem != null) {
+                throw new IllegalArgumentException(problem);
+            }
+            pairs.add(List.of(h.get(0), h.get(1)));
+        }
+        return List.copyOf(pairs);
     }
 
     /** A claim that proceeds: its key, token, attempt and recovery point. */
@@ -242,6 +287,14 @@ public final class Idempotency {
                 } else if (stored instanceof Map) {
                     for (Map.Entry<String, Object> e : ((Map<String, Object>) stored).entrySet()) {
                         headers.add(List.of(e.getKey(), (String) e.getValue()));
+                    }
+                }
+                // Stored by another client of the records: a header no
+                // server may send is never sent (the caller answers 500).
+                for (List<String> h : headers) {
+                    String problem = headerProblem(h.get(0), h.get(1));
+                    if (problem != null) {
+                        throw new IllegalStateException("the stored answer cannot be replayed: " + problem);
                     }
                 }
                 headers.add(List.of("Idempotent-Replayed", "true"));
