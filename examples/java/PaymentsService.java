@@ -183,7 +183,7 @@ public final class PaymentsService {
                 if (data.length > MAX_BODY) {
                     throw new HttpError(413, "BODY_TOO_LARGE", "the body is too large");
                 }
-                String text = new String(data, StandardCharsets.UTF_8);
+                String text = Idempotency.bodyText(data);
                 Map<String, Object> request;
                 try {
                     request = Json.object(text);

@@ -286,6 +286,10 @@ public final class IdempotencyTest {
 
     /** A request of the servlet API, as far as the filter uses it. */
     static HttpServletRequest request(String key, String body) {
+        return request(key, body.getBytes(StandardCharsets.UTF_8));
+    }
+
+    static HttpServletRequest request(String key, byte[] body) {
         Map<String, Object> attributes = new HashMap<>();
         return (HttpServletRequest) Proxy.newProxyInstance(IdempotencyTest.class.getClassLoader(),
             new Class<?>[] {HttpServletRequest.class}, (proxy, method, args) -> switch (method.getName()) {
@@ -293,7 +297,7 @@ public final class IdempotencyTest {
                 case "getMethod" -> "POST";
                 case "setAttribute" -> attributes.put((String) args[0], args[1]);
                 case "getAttribute" -> attributes.get((String) args[0]);
-                case "getInputStream" -> IdempotencyFilter.inputStream(body.getBytes(StandardCharsets.UTF_8));
+                case "getInputStream" -> IdempotencyFilter.inputStream(body);
                 default -> throw new UnsupportedOperationException(method.getName());
             });
     }
@@ -371,6 +375,22 @@ public final class IdempotencyTest {
         Sent crashed = new Sent();
         filter.doFilter(request(crash, "{\"crash\":1}"), crashed.proxy(), chain);
         check("filter: a 5xx is not stored: the retry runs again", crashed.status == 500 && runs.get() == 3, runs);
+        // A body that is not UTF-8 is the client's bad request: decoded
+        // with U+FFFD, two different bodies would be one request.
+        String utf = UUID.randomUUID().toString();
+        int before = runs.get();
+        Sent bad = new Sent();
+        filter.doFilter(request(utf, new byte[] {'{', '"', 'n', '"', ':', '"', (byte) 0xff, '"', '}'}), bad.proxy(), chain);
+        Sent bad2 = new Sent();
+        filter.doFilter(request(utf, new byte[] {'{', '"', 'n', '"', ':', '"', (byte) 0xfe, '"', '}'}), bad2.proxy(), chain);
+        check("filter: a body that is not UTF-8 is 400 INVALID_JSON, and the chain does not run",
+              bad.status == 400 && bad2.status == 400 && runs.get() == before
+              && new String(bad2.body.toByteArray(), StandardCharsets.UTF_8).contains("\"INVALID_JSON\""),
+              bad.status + " " + bad2.status + " " + bad2.body);
+        Sent good = new Sent();
+        filter.doFilter(request(utf, "{\"n\":\"x\"}"), good.proxy(), chain);
+        check("  ... and nothing is stored: the key then proceeds", good.status == 201 && runs.get() == before + 1,
+              good.status);
     }
 
     /**

@@ -138,6 +138,23 @@ public final class Idempotency {
         return List.copyOf(pairs);
     }
 
+    /**
+     * A request body as JSON text, for an adapter that reads the body
+     * itself: UTF-8, or HttpError 400 INVALID_JSON (decoded with U+FFFD in
+     * place of its bad bytes, different bodies would be one request and
+     * fingerprint).
+     */
+    public static String bodyText(byte[] body) throws HttpError {
+        try {
+            return StandardCharsets.UTF_8.newDecoder()
+                .onMalformedInput(java.nio.charset.CodingErrorAction.REPORT)
+                .onUnmappableCharacter(java.nio.charset.CodingErrorAction.REPORT)
+                .decode(java.nio.ByteBuffer.wrap(body)).toString();
+        } catch (java.nio.charset.CharacterCodingException e) {
+            throw new HttpError(400, "INVALID_JSON", "the body is not valid JSON");
+        }
+    }
+
     /** A claim that proceeds: its key, token, attempt and recovery point. */
     public record Attempt(String key, String token, int attempt, String recoveryPoint) {
     }

@@ -55,7 +55,7 @@ public final class IdempotencyFilter implements Filter {
             if (body.length > MAX_BODY) {
                 throw new Idempotency.HttpError(413, "BODY_TOO_LARGE", "the body is too large");
             }
-            String text = new String(body, StandardCharsets.UTF_8);
+            String text = Idempotency.bodyText(body);
             if (!text.isEmpty()) {
                 try {
                     Json.parse(text);
