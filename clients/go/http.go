@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"unicode/utf8"
 )
 
 // Runner is Pgx or SQL with the handler type of the middleware: the claim's
@@ -99,7 +100,9 @@ func serve(run Runner, opts Options, maxBody int64, next http.Handler, r *http.R
 	if int64(len(body)) > maxBody {
 		return Response{}, &Error{413, "BODY_TOO_LARGE", "the body is too large"}
 	}
-	if len(body) > 0 && !json.Valid(body) {
+	// JSON is UTF-8: bytes that are not are the client's bad request (the
+	// server would refuse them with 22021).
+	if len(body) > 0 && (!utf8.Valid(body) || !json.Valid(body)) {
 		return Response{}, &Error{400, "INVALID_JSON", "the body is not valid JSON"}
 	}
 	if opts.Check != nil {

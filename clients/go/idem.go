@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgconn"
 	"github.com/jackc/pgx/v4"
@@ -202,10 +203,20 @@ func answer(d *decision) (Response, error) {
 	return r, nil
 }
 
-// checkKey is the 400 of a missing key, or nil.
-func checkKey(key *string) *Response {
-	if key == nil {
+// checkKey is the 400 of a missing key, or of a call whose key or request
+// is not UTF-8 (the server would refuse it with 22021, which says neither
+// which), or nil.
+func checkKey(c Call) *Response {
+	if c.Key == nil {
 		r := errorResponse(400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required")
+		return &r
+	}
+	if !utf8.ValidString(*c.Key) {
+		r := errorResponse(400, "IDEMPOTENCY_KEY_INVALID", "idempotency key must be printable ASCII")
+		return &r
+	}
+	if c.Request != nil && !utf8.Valid(c.Request) {
+		r := errorResponse(400, "INVALID_REQUEST", "the request is not UTF-8")
 		return &r
 	}
 	return nil
@@ -218,7 +229,7 @@ func refuse(err error) *Response {
 	switch sqlState(err) {
 	case "22023", "22004":
 		r = errorResponse(400, "IDEMPOTENCY_KEY_INVALID", err.Error())
-	case "22P02", "22P05", "22003":
+	case "22P02", "22P05", "22003", "22021":
 		r = errorResponse(400, "INVALID_REQUEST", err.Error())
 	default:
 		return nil
@@ -315,7 +326,7 @@ type Pgx struct {
 // not sent before the write it reports is committed.
 func (p Pgx) Run(ctx context.Context, c Call,
 	handler func(ctx context.Context, q Querier, a Attempt) (Result, error)) (Response, error) {
-	if bad := checkKey(c.Key); bad != nil {
+	if bad := checkKey(c); bad != nil {
 		return *bad, nil
 	}
 	sql, args := claimSQL(c)
@@ -433,7 +444,7 @@ var ErrRetryable = errors.New("failed before any side effect")
 // checkpoint.
 func (p Pgx) RunExternal(ctx context.Context, c Call,
 	handler func(ctx context.Context, e External) (Result, error)) (Response, error) {
-	if bad := checkKey(c.Key); bad != nil {
+	if bad := checkKey(c); bad != nil {
 		return *bad, nil
 	}
 	if c.Lease <= 0 {
