@@ -27,13 +27,16 @@ function readBody(req, limit = MAX_BODY) {
 // and fingerprint) are the client's bad request.
 const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
-async function readText(req, maxBody) {
-  const raw = await readBody(req, maxBody);
+function decodeText(raw) {
   try {
     return utf8.decode(raw);
   } catch {
     throw new HttpError(400, 'INVALID_JSON', 'the body is not valid JSON');
   }
+}
+
+async function readText(req, maxBody) {
+  return decodeText(await readBody(req, maxBody));
 }
 
 // JSON text as a value; an empty body is null.  Not JSON: 400.
@@ -123,5 +126,5 @@ function sendResponse(res, response) {
 }
 
 module.exports = {
-  readBody, readText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+  readBody, readText, decodeText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
 };
