@@ -695,12 +695,34 @@ public final class IdempotencyTest {
         }
     }
 
+    /** Nesting beyond Json.MAX_NESTING: a 400 before any parser, and the parser refuses it too (no StackOverflowError). */
+    static void nesting() {
+        String deep = "[".repeat(100_000) + "]".repeat(100_000);
+        try {
+            Json.parse(deep);
+            check("Json.parse refuses nesting beyond MAX_NESTING", false, "parsed");
+        } catch (IllegalArgumentException e) {
+            check("Json.parse refuses nesting beyond MAX_NESTING", true, e);
+        }
+        String limit = "[".repeat(Json.MAX_NESTING) + "\"[[[\"" + "]".repeat(Json.MAX_NESTING);
+        check("Json.parse takes nesting to MAX_NESTING (brackets in strings not counted)",
+              Json.parse(limit) instanceof List && !Json.tooDeep(limit, Json.MAX_NESTING), limit.length());
+        try {
+            Idempotency.bodyText(deep.getBytes(StandardCharsets.UTF_8));
+            check("bodyText: nesting beyond MAX_NESTING is 400 JSON_TOO_DEEP", false, "accepted");
+        } catch (Idempotency.HttpError e) {
+            check("bodyText: nesting beyond MAX_NESTING is 400 JSON_TOO_DEEP",
+                  e.status == 400 && e.errorCode.equals("JSON_TOO_DEEP"), e.errorCode);
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         Pool pool = Pool.fromEnvironment(4, "idempotency-test-java");
         Idempotency idem = new Idempotency(pool);
         try {
             core(pool, idem);
             headers(pool, idem);
+            nesting();
             external(idem);
             filter(idem);
             roundTrips("named statements");

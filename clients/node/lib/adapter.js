@@ -39,9 +39,40 @@ async function readText(req, maxBody) {
   return decodeText(await readBody(req, maxBody));
 }
 
-// JSON text as a value; an empty body is null.  Not JSON: 400.
+// How deep a body may nest arrays and objects (the outer one counts): the
+// same limit in every library (clients/conformance.json), checked before
+// any parser runs, so that no parser's recursion (or the server's) meets a
+// body nested thousands deep.
+const MAX_NESTING = 512;
+
+// Whether JSON text nests arrays and objects deeper than limit (brackets
+// inside strings are not counted).
+function tooDeep(text, limit = MAX_NESTING) {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++;
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) {
+      inString = true;
+    } else if (c === 0x5b || c === 0x7b) {
+      if (++depth > limit) return true;
+    } else if (c === 0x5d || c === 0x7d) {
+      depth--;
+    }
+  }
+  return false;
+}
+
+// JSON text as a value; an empty body is null.  Nested deeper than
+// MAX_NESTING: 400 JSON_TOO_DEEP.  Not JSON: 400 INVALID_JSON.
 function parseJson(text) {
   if (text === '') return null;
+  if (tooDeep(text)) {
+    throw new HttpError(400, 'JSON_TOO_DEEP', `the body nests arrays and objects more than ${MAX_NESTING} deep`);
+  }
   try {
     return JSON.parse(text);
   } catch {
@@ -127,4 +158,5 @@ function sendResponse(res, response) {
 
 module.exports = {
   readBody, readText, decodeText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+  MAX_NESTING, tooDeep,
 };

@@ -142,17 +142,23 @@ public final class Idempotency {
      * A request body as JSON text, for an adapter that reads the body
      * itself: UTF-8, or HttpError 400 INVALID_JSON (decoded with U+FFFD in
      * place of its bad bytes, different bodies would be one request and
-     * fingerprint).
+     * fingerprint); nested deeper than Json.MAX_NESTING, 400 JSON_TOO_DEEP.
      */
     public static String bodyText(byte[] body) throws HttpError {
+        String text;
         try {
-            return StandardCharsets.UTF_8.newDecoder()
+            text = StandardCharsets.UTF_8.newDecoder()
                 .onMalformedInput(java.nio.charset.CodingErrorAction.REPORT)
                 .onUnmappableCharacter(java.nio.charset.CodingErrorAction.REPORT)
                 .decode(java.nio.ByteBuffer.wrap(body)).toString();
         } catch (java.nio.charset.CharacterCodingException e) {
             throw new HttpError(400, "INVALID_JSON", "the body is not valid JSON");
         }
+        if (Json.tooDeep(text, Json.MAX_NESTING)) {
+            throw new HttpError(400, "JSON_TOO_DEEP",
+                                "the body nests arrays and objects more than " + Json.MAX_NESTING + " deep");
+        }
+        return text;
     }
 
     /** A claim that proceeds: its key, token, attempt and recovery point. */
