@@ -377,7 +377,8 @@ EOF
         if [ -d "$clients_dir/java/classes" ]; then
             run_client clients-java-pgbouncer "$clients_dir/java" \
                 env PGPORT="$port" /usr/bin/python3 -u ../python/test_payments_service.py \
-                --service-command "java -cp $java_cp:classes PaymentsService --no-prepared-statements"
+                --service-command "java -cp $java_cp:classes PaymentsService --no-prepared-statements" \
+                --known-limit jdk-httpserver
         fi
         if [ -x "$clients_dir/go/payments_service" ]; then
             run_client clients-go-pgbouncer "$clients_dir/go" \
@@ -448,7 +449,7 @@ elif setup_clients; then
         javac -Xlint:all -Werror -cp "$java_cp" -d classes PaymentsService.java; then
         run_client clients-java "$clients_dir/java" \
             /usr/bin/python3 -u ../python/test_payments_service.py \
-            --service-command "java -cp $java_cp:classes PaymentsService"
+            --service-command "java -cp $java_cp:classes PaymentsService" --known-limit jdk-httpserver
     fi
     # pgx v4 and what it imports from Debian's sources in GOPATH mode: no
     # module download.  clients/go is idempotency/idem in a GOPATH of its

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -147,7 +148,12 @@ func serve(run Runner, opts Options, maxBody int64, next http.Handler, r *http.R
 	}
 	c := opts.Call
 	c.Operation = opts.Operation
+	// The header holds one key: two lines, or a comma in the value (HTTP
+	// lets a proxy join two lines so), are the client's bad key.
 	if keys, ok := r.Header["Idempotency-Key"]; ok {
+		if len(keys) > 1 || strings.Contains(keys[0], ",") {
+			return Response{}, &Error{400, "IDEMPOTENCY_KEY_INVALID", "send one Idempotency-Key header, holding one key (no comma)"}
+		}
 		c.Key = &keys[0]
 	}
 	if len(body) > 0 {

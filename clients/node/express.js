@@ -7,7 +7,7 @@
 'use strict';
 
 const {
-  readText, decodeText, parseJson, checkOptions, execute, writeResponse, sendResponse, MAX_BODY,
+  readText, decodeText, parseJson, keyOf, checkOptions, execute, writeResponse, sendResponse, MAX_BODY,
 } = require('./lib/adapter');
 const { HttpError } = require('./index');
 
@@ -34,7 +34,7 @@ function idempotent(idem, options, handler) {
           + 'its bytes; remove the body parser, or keep them in req.rawBody (express.json({ verify }))');
       }
       const body = parseJson(text);
-      return execute(idem, rest, { req, key: req.headers['idempotency-key'], body, text }, handler);
+      return execute(idem, rest, { req, key: keyOf(req), body, text }, handler);
     })().then((response) => {
       const err = sendResponse(res, response);
       if (err !== null) next(err);

@@ -6,7 +6,9 @@
 //     async (client, { body }) => ({ status: 201, body: { ... } })));
 'use strict';
 
-const { decodeText, parseJson, checkOptions, execute } = require('./lib/adapter');
+const {
+  decodeText, parseJson, keyOf, checkOptions, execute,
+} = require('./lib/adapter');
 const { HttpError } = require('./index');
 
 // The request is the body as the client sent it, which Fastify's own
@@ -45,7 +47,7 @@ function idempotent(idem, options, handler) {
       }
       const body = parseJson(text);
       response = await execute(idem, rest,
-        { req: request, key: request.headers['idempotency-key'], body, text }, handler);
+        { req: request, key: keyOf(request.raw || request), body, text }, handler);
     } catch (err) {
       if (!(err instanceof HttpError)) throw err;
       response = err.toResponse();

@@ -294,6 +294,8 @@ public final class IdempotencyTest {
         return (HttpServletRequest) Proxy.newProxyInstance(IdempotencyTest.class.getClassLoader(),
             new Class<?>[] {HttpServletRequest.class}, (proxy, method, args) -> switch (method.getName()) {
                 case "getHeader" -> "Idempotency-Key".equalsIgnoreCase((String) args[0]) ? key : null;
+                case "getHeaders" -> java.util.Collections.enumeration(
+                    "Idempotency-Key".equalsIgnoreCase((String) args[0]) && key != null ? List.of(key) : List.of());
                 case "getMethod" -> "POST";
                 case "setAttribute" -> attributes.put((String) args[0], args[1]);
                 case "getAttribute" -> attributes.get((String) args[0]);

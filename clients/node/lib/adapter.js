@@ -80,6 +80,25 @@ function parseJson(text) {
   }
 }
 
+// The Idempotency-Key of a node:http request (undefined: missing).  The
+// header holds one key: two header lines (which node:http joins with ", ")
+// or a comma in the value (HTTP lets a proxy join two lines so) are the
+// client's bad key, 400.
+const ONE_KEY = 'send one Idempotency-Key header, holding one key (no comma)';
+
+function keyOf(req) {
+  const raw = req.rawHeaders || [];
+  let lines = 0;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i].length === 15 && raw[i].toLowerCase() === 'idempotency-key') lines++;
+  }
+  const key = req.headers['idempotency-key'];
+  if (lines > 1 || (typeof key === 'string' && key.includes(','))) {
+    throw new HttpError(400, 'IDEMPOTENCY_KEY_INVALID', ONE_KEY);
+  }
+  return key;
+}
+
 function checkOptions(idem, options, handler) {
   if (!idem || typeof idem.run !== 'function') throw new TypeError('an Idempotency instance is required');
   if (!options || typeof options.operation !== 'string') throw new TypeError('options.operation is required');
@@ -158,5 +177,5 @@ function sendResponse(res, response) {
 
 module.exports = {
   readBody, readText, decodeText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
-  MAX_NESTING, tooDeep,
+  MAX_NESTING, tooDeep, keyOf,
 };

@@ -56,6 +56,18 @@ def parse(raw, max_body=MAX_BODY):
         raise HttpError(400, "INVALID_JSON", "the body is not valid JSON") from None
 
 
+def key_of(values):
+    """The Idempotency-Key of a request from its header lines' values (None:
+    missing).  The header holds one key: two lines, or a comma in the value
+    (HTTP lets a proxy join two lines so; WSGI servers do), are the client's
+    bad key, 400."""
+    if not values:
+        return None
+    if len(values) > 1 or "," in values[0]:
+        raise HttpError(400, "IDEMPOTENCY_KEY_INVALID", "send one Idempotency-Key header, holding one key (no comma)")
+    return values[0]
+
+
 def call_arguments(options, req, key, text, body):
     """The keyword arguments of run() for a request.  options: operation,
     the claim's options, validate_request(req, body) (checks before the

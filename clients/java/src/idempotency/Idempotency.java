@@ -161,6 +161,23 @@ public final class Idempotency {
         return text;
     }
 
+    /**
+     * The Idempotency-Key of a request from its header lines' values (null
+     * or none: missing).  The header holds one key: two lines, or a comma
+     * in the value (HTTP lets a proxy join two lines so), are HttpError 400
+     * IDEMPOTENCY_KEY_INVALID.
+     */
+    public static String headerKey(List<String> values) throws HttpError {
+        if (values == null || values.isEmpty()) {
+            return null;
+        }
+        if (values.size() > 1 || values.get(0).contains(",")) {
+            throw new HttpError(400, "IDEMPOTENCY_KEY_INVALID",
+                                "send one Idempotency-Key header, holding one key (no comma)");
+        }
+        return values.get(0);
+    }
+
     /** A claim that proceeds: its key, token, attempt and recovery point. */
     public record Attempt(String key, String token, int attempt, String recoveryPoint) {
     }

@@ -63,7 +63,7 @@ public final class IdempotencyFilter implements Filter {
                     throw new Idempotency.HttpError(400, "INVALID_JSON", "the body is not valid JSON");
                 }
             }
-            Idempotency.Call call = Idempotency.Call.of(operation, request.getHeader("Idempotency-Key"),
+            Idempotency.Call call = Idempotency.Call.of(operation, Idempotency.headerKey(java.util.Collections.list(request.getHeaders("Idempotency-Key"))),
                                                         text.isEmpty() ? null : text);
             answer = idem.run(call, (conn, attempt) -> {
                 Recorder recorder = new Recorder(response);
