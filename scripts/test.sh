@@ -456,7 +456,9 @@ elif setup_clients; then
     # own; go test's verbose lines are counted.
     go_path=$clients_tree/gopath
     go_env=(env GO111MODULE=off GOPATH="$go_path:/usr/share/gocode" GOFLAGS= GOCACHE="$clients_tree/go-cache")
-    mkdir -p "$go_path/src/idempotency" && cp -r "$clients_tree/clients/go" "$go_path/src/idempotency/idem"
+    # (the conformance fixture beside it, as in clients/)
+    mkdir -p "$go_path/src/idempotency" && cp -r "$clients_tree/clients/go" "$go_path/src/idempotency/idem" &&
+        cp "$clients_tree/clients/conformance.json" "$go_path/src/idempotency/"
     run_client clients-go-lib "$go_path/src/idempotency/idem" "${go_env[@]}" bash -c \
         'go test -v -count=1 . >go-test.out 2>&1; s=$?; cat go-test.out
          echo "$(grep -c "^--- PASS" go-test.out) passed, $(grep -c "^--- FAIL" go-test.out) failed"; exit $s'

@@ -177,12 +177,28 @@ func answer(d *decision) (Response, error) {
 				return r, err
 			}
 		} else if d.Headers != nil {
-			var object map[string]string // an object: its order is jsonb's
-			if err := json.Unmarshal([]byte(*d.Headers), &object); err != nil {
+			// an object: its members in jsonb's order
+			dec := json.NewDecoder(strings.NewReader(*d.Headers))
+			if _, err := dec.Token(); err != nil {
 				return r, err
 			}
-			for k, v := range object {
-				headers = append(headers, [2]string{k, v})
+			for dec.More() {
+				name, err := dec.Token()
+				if err != nil {
+					return r, err
+				}
+				var value string
+				if err := dec.Decode(&value); err != nil {
+					return r, err
+				}
+				headers = append(headers, [2]string{name.(string), value})
+			}
+		}
+		// Stored by another client of the records: a header no server may
+		// send is never sent (the middleware answers 500).
+		for _, h := range headers {
+			if problem := headerProblem(h[0], h[1]); problem != "" {
+				return r, errors.New("the stored answer cannot be replayed: " + problem)
 			}
 		}
 		body := d.RawBody
@@ -275,10 +291,39 @@ func claimSQL(c Call) (string, []interface{}) {
 	return sql + ")", args
 }
 
+// headerProblem is why the strictest server (node:http) would refuse to
+// send a header, or "": a name that is not an HTTP token, a value with a
+// control character other than HTAB, DEL, or a character above U+00FF
+// (bytes that are not UTF-8 included).  net/http would send CR and LF as
+// spaces, a value other than the one stored.
+func headerProblem(name, value string) string {
+	if name == "" {
+		return "an empty header name"
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return fmt.Sprintf("invalid header name %q", name)
+		}
+	}
+	for _, r := range value {
+		if r != '\t' && (r < 0x20 || r == 0x7f || r > 0xff) {
+			return fmt.Sprintf("invalid character in the value of header %q", name)
+		}
+	}
+	return ""
+}
+
 // finishSQL is idem_complete (or idem_fail) of a Result, and its arguments.
+// A header no server may send is an error before anything is stored.
 func finishSQL(token string, r Result) (string, []interface{}, error) {
 	if r.Status < 100 || r.Status > 599 {
 		return "", nil, fmt.Errorf("not an HTTP status: %d", r.Status)
+	}
+	for _, h := range r.Headers {
+		if problem := headerProblem(h[0], h[1]); problem != "" {
+			return "", nil, errors.New(problem)
+		}
 	}
 	headers, err := json.Marshal(r.Headers)
 	if err != nil {

@@ -43,8 +43,8 @@ const { validateHeaderName, validateHeaderValue } = require('node:http');
 // SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
 const BAD_KEY = new Set(['22023', '22004']);
 // The request was not JSON that jsonb accepts (a \u0000 escape, say),
-// or a number outside numeric's range (22003).
-const BAD_REQUEST = new Set(['22P02', '22P05', '22003']);
+// a number outside numeric's range (22003), or bytes that are not UTF-8 (22021).
+const BAD_REQUEST = new Set(['22P02', '22P05', '22003', '22021']);
 const STALE_TOKEN = '55000';
 // A prepared statement missing (26000), or one of that name already there
 // (42P05): the connection is not the one the statements were prepared on.

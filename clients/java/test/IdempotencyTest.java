@@ -718,6 +718,66 @@ public final class IdempotencyTest {
         }
     }
 
+    /**
+     * clients/conformance.json, the answers every library gives the same:
+     * each decision row's HTTP answer, each SQLSTATE's kind, each header
+     * pair a handler may return.  (Its hostile rows run end to end against
+     * the example: examples/python/test_payments_service.py.)
+     */
+    @SuppressWarnings("unchecked")
+    static void conformance() throws Exception {
+        Map<String, Object> fixture = Json.object(new String(
+            java.nio.file.Files.readAllBytes(java.nio.file.Path.of("..", "conformance.json")), StandardCharsets.UTF_8));
+        for (Object o : (List<Object>) ((Map<String, Object>) fixture.get("decisions")).get("rows")) {
+            Map<String, Object> row = (Map<String, Object>) o;
+            Map<String, Object> d = (Map<String, Object>) row.get("row");
+            Response r = Idempotency.answer((String) d.get("outcome"), number(d.get("http_status")),
+                d.get("headers") == null ? null : Json.write(d.get("headers")), null, (String) d.get("error_code"),
+                number(d.get("retry_after")), unhex((String) d.get("raw_body_hex")));
+            byte[] body = row.containsKey("body_hex") ? unhex((String) row.get("body_hex"))
+                : ((String) row.get("body_text")).getBytes(StandardCharsets.UTF_8);
+            check("conformance: decision: " + row.get("name"),
+                  r.status() == number(row.get("status")) && r.headers().equals(row.get("headers"))
+                  && Arrays.equals(r.body(), body), r.status() + " " + r.headers() + " " + new String(r.body(), StandardCharsets.UTF_8));
+        }
+        Map<String, String> kinds = Map.of("IDEMPOTENCY_KEY_INVALID", "key_invalid", "INVALID_REQUEST", "request_invalid");
+        Map<String, Object> codes = (Map<String, Object>) ((Map<String, Object>) fixture.get("sqlstates")).get("codes");
+        for (Map.Entry<String, Object> e : codes.entrySet()) {
+            Response r = Idempotency.refusal(e.getKey(), "refused");
+            String kind = r == null ? "error" : r.status() == 400 ? kinds.get(code(r)) : "status " + r.status();
+            check("conformance: SQLSTATE " + e.getKey() + " is " + e.getValue(), e.getValue().equals(kind), kind);
+        }
+        for (Object o : (List<Object>) ((Map<String, Object>) fixture.get("header_values")).get("rows")) {
+            Map<String, Object> row = (Map<String, Object>) o;
+            List<String> pair = List.of((String) row.get("name"), (String) row.get("value"));
+            boolean stored;
+            try {
+                stored = Result.of(200, List.of(pair), null).headers().equals(List.of(pair));
+            } catch (IllegalArgumentException e) {
+                stored = false;
+            }
+            check("conformance: header " + Json.write(pair) + (Boolean.TRUE.equals(row.get("valid")) ? " is stored" : " is refused"),
+                  stored == Boolean.TRUE.equals(row.get("valid")), stored);
+        }
+        check("conformance: the nesting limit is the fixture's",
+              number(fixture.get("nesting_limit")) == Json.MAX_NESTING, fixture.get("nesting_limit"));
+    }
+
+    static Integer number(Object v) {
+        return v == null ? null : ((Json.Number) v).asLong().intValue();
+    }
+
+    static byte[] unhex(String h) {
+        if (h == null) {
+            return null;
+        }
+        byte[] b = new byte[h.length() / 2];
+        for (int k = 0; k < b.length; k++) {
+            b[k] = (byte) Integer.parseInt(h.substring(2 * k, 2 * k + 2), 16);
+        }
+        return b;
+    }
+
     public static void main(String[] args) throws Exception {
         Pool pool = Pool.fromEnvironment(4, "idempotency-test-java");
         Idempotency idem = new Idempotency(pool);
@@ -725,6 +785,7 @@ public final class IdempotencyTest {
             core(pool, idem);
             headers(pool, idem);
             nesting();
+            conformance();
             external(idem);
             filter(idem);
             roundTrips("named statements");

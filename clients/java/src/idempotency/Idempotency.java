@@ -250,7 +250,7 @@ public final class Idempotency {
     }
 
     private static final Set<String> BAD_KEY = Set.of("22023", "22004");
-    private static final Set<String> BAD_REQUEST = Set.of("22P02", "22P05", "22003");
+    private static final Set<String> BAD_REQUEST = Set.of("22P02", "22P05", "22003", "22021");
     private static final Map<String, String> MESSAGES = Map.of(
         "in_progress", "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
         "mismatch", "this Idempotency-Key was used for a different request",
@@ -312,6 +312,18 @@ public final class Idempotency {
         }
     }
 
+    /**
+     * The HTTP answer to a row of idem_claim other than proceed, for a
+     * caller that runs the claim itself: headers and body as jsonb's text,
+     * rawBody the raw_body column.  IllegalStateException for a stored
+     * header no server may send.
+     */
+    public static Response answer(String outcome, Integer httpStatus, String headers, String body,
+                                  String errorCode, Integer retryAfter, byte[] rawBody) {
+        return answer(new Decision(outcome, null, null, null, httpStatus, headers, body, errorCode, retryAfter,
+                                   rawBody));
+    }
+
     /** The answer to a decision other than proceed. */
     @SuppressWarnings("unchecked")
     private static Response answer(Decision d) {
@@ -363,10 +375,19 @@ public final class Idempotency {
     private static Response refuse(SQLException e) {
         String message = e.getMessage() == null ? "" : e.getMessage().lines().findFirst().orElse("");
         message = message.startsWith("ERROR: ") ? message.substring(7) : message;
-        if (BAD_KEY.contains(e.getSQLState())) {
+        return refusal(e.getSQLState(), message);
+    }
+
+    /**
+     * The 400 answer to an error of the claim with this SQLSTATE when it is
+     * the client's input (a bad key, a request jsonb refuses), or null: an
+     * error that is not.
+     */
+    public static Response refusal(String sqlState, String message) {
+        if (BAD_KEY.contains(sqlState)) {
             return error(400, "IDEMPOTENCY_KEY_INVALID", message);
         }
-        if (BAD_REQUEST.contains(e.getSQLState())) {
+        if (BAD_REQUEST.contains(sqlState)) {
             return error(400, "INVALID_REQUEST", message);
         }
         return null;
