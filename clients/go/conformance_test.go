@@ -27,6 +27,7 @@ type fixture struct {
 				Outcome    string
 				HTTPStatus *int32          `json:"http_status"`
 				Headers    json.RawMessage `json:"headers"`
+				BodyText   *string         `json:"body_text"`
 				ErrorCode  *string         `json:"error_code"`
 				RetryAfter *int32          `json:"retry_after"`
 				RawBodyHex *string         `json:"raw_body_hex"`
@@ -64,7 +65,7 @@ func readFixture(t *testing.T) fixture {
 func TestConformanceDecisions(t *testing.T) {
 	for _, row := range readFixture(t).Decisions.Rows {
 		d := decision{Outcome: row.Row.Outcome, HTTPStatus: row.Row.HTTPStatus, ErrorCode: row.Row.ErrorCode,
-			RetryAfter: row.Row.RetryAfter}
+			RetryAfter: row.Row.RetryAfter, Body: row.Row.BodyText}
 		if len(row.Row.Headers) > 0 && string(row.Row.Headers) != "null" {
 			h := string(row.Row.Headers)
 			d.Headers = &h

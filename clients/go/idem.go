@@ -17,6 +17,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -201,9 +202,15 @@ func answer(d *decision) (Response, error) {
 				return r, errors.New("the stored answer cannot be replayed: " + problem)
 			}
 		}
+		// A body stored without raw_body: jsonb's text without the
+		// whitespace outside strings, as every library replays it.
 		body := d.RawBody
 		if body == nil && d.Body != nil {
-			body = []byte(*d.Body)
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, []byte(*d.Body)); err != nil {
+				return r, err
+			}
+			body = compact.Bytes()
 		}
 		headers = append(headers, [2]string{"Idempotent-Replayed", "true"})
 		return Response{int(*d.HTTPStatus), headers, body, "replay", true}, nil

@@ -732,7 +732,7 @@ public final class IdempotencyTest {
             Map<String, Object> row = (Map<String, Object>) o;
             Map<String, Object> d = (Map<String, Object>) row.get("row");
             Response r = Idempotency.answer((String) d.get("outcome"), number(d.get("http_status")),
-                d.get("headers") == null ? null : Json.write(d.get("headers")), null, (String) d.get("error_code"),
+                d.get("headers") == null ? null : Json.write(d.get("headers")), (String) d.get("body_text"), (String) d.get("error_code"),
                 number(d.get("retry_after")), unhex((String) d.get("raw_body_hex")));
             byte[] body = row.containsKey("body_hex") ? unhex((String) row.get("body_hex"))
                 : ((String) row.get("body_text")).getBytes(StandardCharsets.UTF_8);

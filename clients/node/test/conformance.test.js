@@ -16,7 +16,7 @@ const hex = (h) => (h === null || h === undefined ? null : Buffer.from(h, 'hex')
 
 for (const row of fixture.decisions.rows) {
   test(`decision: ${row.name}`, () => {
-    const r = answer({ ...row.row, body: null, raw_body: hex(row.row.raw_body_hex) });
+    const r = answer({ ...row.row, body: row.row.body_text ?? null, raw_body: hex(row.row.raw_body_hex) });
     assert.equal(r.status, row.status);
     assert.deepEqual(r.headers, row.headers);
     const body = row.body_hex !== undefined ? hex(row.body_hex) : Buffer.from(row.body_text);

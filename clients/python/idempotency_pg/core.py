@@ -39,6 +39,32 @@ JSON_TYPE = ("Content-Type", "application/json")
 COLUMNS = ("outcome", "token", "attempt", "recovery_point", "http_status", "headers",
            "body", "error_code", "retry_after", "raw_body")
 
+# body as jsonb's text: a body stored without raw_body is replayed as that
+# text, compacted (compact_json), as every library replays it; parsed, its
+# numbers would change (1.10 as 1.1).
+SELECT_LIST = ", ".join("body::text" if c == "body" else c for c in COLUMNS)
+
+
+def compact_json(text):
+    """JSON text without the whitespace outside its strings."""
+    out, start, in_string, escaped = [], 0, False, False
+    for i, c in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in " \t\n\r":
+            out.append(text[start:i])
+            start = i + 1
+    out.append(text[start:])
+    return "".join(out)
+
+
 MESSAGES = {
     "in_progress": "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
     "mismatch": "this Idempotency-Key was used for a different request",
@@ -161,7 +187,7 @@ def answer(d):
                 raise ValueError("the stored answer cannot be replayed: " + problem)
         headers.append(("Idempotent-Replayed", "true"))
         body = d["raw_body"]
-        body = bytes(body) if body is not None else (b"" if d["body"] is None else encode(d["body"]))
+        body = bytes(body) if body is not None else (b"" if d["body"] is None else compact_json(d["body"]).encode())
         return Response(d["http_status"], headers, body, outcome, True)
     if outcome in ("in_progress", "rate_limited"):
         r = error_response(d["http_status"], d["error_code"], MESSAGES[outcome],
@@ -292,8 +318,8 @@ class Calls:
             raise ValueError("an identifier cannot contain NUL")
         self.prefix = "" if not schema else '"%s".' % schema.replace('"', '""')
         self.defaults = defaults
-        self.head = "SELECT %s FROM %sidem_claim(" % (", ".join(COLUMNS), self.prefix)
-        self.text_head = "SELECT %s FROM %sidem_claim_text(" % (", ".join(COLUMNS), self.prefix)
+        self.head = "SELECT %s FROM %sidem_claim(" % (SELECT_LIST, self.prefix)
+        self.text_head = "SELECT %s FROM %sidem_claim_text(" % (SELECT_LIST, self.prefix)
         # Whether a claim with no option but the tenant goes to
         # idem_claim_text (version 1.2: the same answer and records, the
         # request read from its text, four arguments all given): None until

@@ -22,7 +22,7 @@ def unhex(h):
 
 @pytest.mark.parametrize("row", FIXTURE["decisions"]["rows"], ids=lambda r: r["name"])
 def test_decision(row):
-    d = dict(row["row"], body=None, raw_body=unhex(row["row"]["raw_body_hex"]))
+    d = dict(row["row"], body=row["row"].get("body_text"), raw_body=unhex(row["row"]["raw_body_hex"]))
     r = core.answer(d)
     assert r.status == row["status"]
     assert [list(h) for h in r.headers] == row["headers"]

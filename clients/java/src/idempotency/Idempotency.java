@@ -351,7 +351,7 @@ public final class Idempotency {
                 }
                 headers.add(List.of("Idempotent-Replayed", "true"));
                 byte[] body = d.rawBody() != null ? d.rawBody()
-                    : d.body() != null ? d.body().getBytes(StandardCharsets.UTF_8) : new byte[0];
+                    : d.body() != null ? Json.compact(d.body()).getBytes(StandardCharsets.UTF_8) : new byte[0];
                 return new Response(d.httpStatus(), headers, body, "replay", true);
             }
             case "in_progress":

@@ -36,6 +36,29 @@ public final class Json {
     private int i;
     private int depth;
 
+    /** JSON text without the whitespace outside its strings (how every library replays a jsonb body). */
+    public static String compact(String text) {
+        StringBuilder b = new StringBuilder(text.length());
+        boolean inString = false;
+        for (int k = 0; k < text.length(); k++) {
+            char c = text.charAt(k);
+            if (inString) {
+                if (c == '\\' && k + 1 < text.length()) {
+                    b.append(c);
+                    c = text.charAt(++k);
+                } else if (c == '"') {
+                    inString = false;
+                }
+            } else if (c == '"') {
+                inString = true;
+            } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+                continue;
+            }
+            b.append(c);
+        }
+        return b.toString();
+    }
+
     /** Whether JSON text nests arrays and objects deeper than limit (brackets in strings not counted). */
     public static boolean tooDeep(String text, int limit) {
         int d = 0;
