@@ -290,12 +290,18 @@ public final class IdempotencyTest {
     }
 
     static HttpServletRequest request(String key, byte[] body) {
+        return request(key == null ? List.of() : List.of(key), body);
+    }
+
+    /** A POST with these Idempotency-Key header lines. */
+    static HttpServletRequest request(List<String> keys, byte[] body) {
+        String key = keys.isEmpty() ? null : keys.get(0);
         Map<String, Object> attributes = new HashMap<>();
         return (HttpServletRequest) Proxy.newProxyInstance(IdempotencyTest.class.getClassLoader(),
             new Class<?>[] {HttpServletRequest.class}, (proxy, method, args) -> switch (method.getName()) {
                 case "getHeader" -> "Idempotency-Key".equalsIgnoreCase((String) args[0]) ? key : null;
                 case "getHeaders" -> java.util.Collections.enumeration(
-                    "Idempotency-Key".equalsIgnoreCase((String) args[0]) && key != null ? List.of(key) : List.of());
+                    "Idempotency-Key".equalsIgnoreCase((String) args[0]) ? keys : List.of());
                 case "getMethod" -> "POST";
                 case "setAttribute" -> attributes.put((String) args[0], args[1]);
                 case "getAttribute" -> attributes.get((String) args[0]);
@@ -763,6 +769,94 @@ public final class IdempotencyTest {
               number(fixture.get("nesting_limit")) == Json.MAX_NESTING, fixture.get("nesting_limit"));
     }
 
+    /**
+     * The fixture's hostile rows through the Filter, in a servlet container
+     * that keeps header values as sent (ISO-8859-1 chars of their bytes):
+     * a chain that pays, behind the example's check (a JSON object).
+     */
+    @SuppressWarnings("unchecked")
+    static void filterHostile(Pool pool, Idempotency idem) throws Exception {
+        Map<String, Object> fixture = Json.object(new String(
+            java.nio.file.Files.readAllBytes(java.nio.file.Path.of("..", "conformance.json")), StandardCharsets.UTF_8));
+        int limit = number(fixture.get("nesting_limit"));
+        IdempotencyFilter filter = new IdempotencyFilter(idem, op("hostile"), (request, body) -> {
+            Object v;
+            try {
+                v = body.isEmpty() ? null : Json.parse(body);
+            } catch (IllegalArgumentException e) {
+                v = null;
+            }
+            if (!(v instanceof Map)) {
+                throw new Idempotency.HttpError(400, "INVALID_JSON", "the body must be a JSON object");
+            }
+        });
+        FilterChain chain = (req, res) -> {
+            HttpServletRequest r = (HttpServletRequest) req;
+            Idempotency.Attempt a = (Idempotency.Attempt) r.getAttribute(IdempotencyFilter.ATTEMPT);
+            try {
+                Result paid = pay((Connection) r.getAttribute(IdempotencyFilter.CONNECTION), a, 100);
+                HttpServletResponse out = (HttpServletResponse) res;
+                out.setStatus(paid.status());
+                out.getOutputStream().write(paid.body());
+            } catch (Exception e) {
+                throw new javax.servlet.ServletException(e);
+            }
+        };
+        byte[] good = "{\"amount\": 100, \"currency\": \"EUR\"}".getBytes(StandardCharsets.UTF_8);
+        List<Object> rows = (List<Object>) ((Map<String, Object>) fixture.get("hostile")).get("rows");
+        String key = null;
+        for (int i = 0; i < rows.size(); i++) {
+            Map<String, Object> row = (Map<String, Object>) rows.get(i);
+            if (!Boolean.TRUE.equals(row.get("same_key_as_previous"))) {
+                key = UUID.randomUUID().toString();
+            }
+            List<String> keys;
+            if (row.containsKey("key_hex")) {
+                keys = List.of(new String(unhex((String) row.get("key_hex")), StandardCharsets.ISO_8859_1));
+            } else if (row.containsKey("keys")) {
+                String k = key;
+                keys = ((List<Object>) row.get("keys")).stream().map(o -> ((String) o).replace("{key}", k)).toList();
+            } else if (row.containsKey("key_suffix_hex")) {
+                keys = List.of(key + new String(unhex((String) row.get("key_suffix_hex")), StandardCharsets.ISO_8859_1));
+            } else {
+                keys = List.of(key);
+            }
+            byte[] body;
+            if (row.containsKey("body_hex")) {
+                body = unhex((String) row.get("body_hex"));
+            } else if (row.containsKey("body_text")) {
+                body = ((String) row.get("body_text")).getBytes(StandardCharsets.UTF_8);
+            } else if (row.containsKey("body_nesting")) {
+                int n = number(row.get("body_nesting")) - 1;
+                body = ("{\"amount\": 100, \"currency\": \"EUR\", \"s\": \"" + "[".repeat(600) + "\", \"n\": "
+                        + "[".repeat(n) + "]".repeat(n) + "}").getBytes(StandardCharsets.UTF_8);
+            } else {
+                body = good;
+            }
+            Sent sent = new Sent();
+            filter.doFilter(request(keys, body), sent.proxy(), chain);
+            String errorCode = null;
+            try {
+                errorCode = (String) Json.object(sent.body.toString(StandardCharsets.UTF_8)).get("error_code");
+            } catch (IllegalArgumentException e) {
+                // not an error body
+            }
+            Object want = row.get("error_code");
+            check("filter, hostile: " + row.get("name") + " -> " + row.get("status") + " " + want,
+                  sent.status == number(row.get("status")) && (want == null || want.equals(errorCode)),
+                  sent.status + " " + sent.body);
+            boolean last = i + 1 == rows.size()
+                || !Boolean.TRUE.equals(((Map<String, Object>) rows.get(i + 1)).get("same_key_as_previous"));
+            if (Boolean.FALSE.equals(row.get("stored")) && last && !row.containsKey("key_hex")) {
+                Sent again = new Sent();
+                filter.doFilter(request(key, good), again.proxy(), chain);
+                check("  ... nothing was stored: the key with a good body then proceeds",
+                      again.status == 201 && payments(pool, key) == 1, again.status + " " + again.headers);
+            }
+        }
+        check("filter, hostile: the nesting limit is checked", limit == Json.MAX_NESTING, limit);
+    }
+
     static Integer number(Object v) {
         return v == null ? null : ((Json.Number) v).asLong().intValue();
     }
@@ -786,6 +880,7 @@ public final class IdempotencyTest {
             headers(pool, idem);
             nesting();
             conformance();
+            filterHostile(pool, idem);
             external(idem);
             filter(idem);
             roundTrips("named statements");
