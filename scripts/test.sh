@@ -384,7 +384,8 @@ EOF
         if [ -d "$clients_dir/java/classes" ]; then
             run_client clients-java-pgbouncer "$clients_dir/java" \
                 env PGPORT="$port" /usr/bin/python3 -u ../python/test_payments_service.py \
-                --service-command "java -cp $java_cp:classes PaymentsService --no-prepared-statements"
+                --service-command "java -cp $java_cp:classes PaymentsService --no-prepared-statements" \
+                --known-limit jdk-httpserver
         fi
         if [ -x "$clients_dir/go/payments_service" ]; then
             run_client clients-go-pgbouncer "$clients_dir/go" \
@@ -455,14 +456,16 @@ elif setup_clients; then
         javac -Xlint:all -Werror -cp "$java_cp" -d classes PaymentsService.java; then
         run_client clients-java "$clients_dir/java" \
             /usr/bin/python3 -u ../python/test_payments_service.py \
-            --service-command "java -cp $java_cp:classes PaymentsService"
+            --service-command "java -cp $java_cp:classes PaymentsService" --known-limit jdk-httpserver
     fi
     # pgx v4 and what it imports from Debian's sources in GOPATH mode: no
     # module download.  clients/go is idempotency/idem in a GOPATH of its
     # own; go test's verbose lines are counted.
     go_path=$clients_tree/gopath
     go_env=(env GO111MODULE=off GOPATH="$go_path:/usr/share/gocode" GOFLAGS= GOCACHE="$clients_tree/go-cache")
-    mkdir -p "$go_path/src/idempotency" && cp -r "$clients_tree/clients/go" "$go_path/src/idempotency/idem"
+    # (the conformance fixture beside it, as in clients/)
+    mkdir -p "$go_path/src/idempotency" && cp -r "$clients_tree/clients/go" "$go_path/src/idempotency/idem" &&
+        cp "$clients_tree/clients/conformance.json" "$go_path/src/idempotency/"
     run_client clients-go-lib "$go_path/src/idempotency/idem" "${go_env[@]}" bash -c \
         'go test -v -count=1 . >go-test.out 2>&1; s=$?; cat go-test.out
          echo "$(grep -c "^--- PASS" go-test.out) passed, $(grep -c "^--- FAIL" go-test.out) failed"; exit $s'

@@ -10,7 +10,40 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 )
+
+// MaxNesting is how deep a body may nest arrays and objects (the outer one
+// counts): the same limit in every library (clients/conformance.json),
+// checked before any parser runs.
+const MaxNesting = 512
+
+// TooDeep is whether JSON text nests arrays and objects deeper than limit
+// (brackets inside strings are not counted).
+func TooDeep(text []byte, limit int) bool {
+	depth, inString := 0, false
+	for i := 0; i < len(text); i++ {
+		switch c := text[i]; {
+		case inString:
+			if c == '\\' {
+				i++
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			depth++
+			if depth > limit {
+				return true
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return false
+}
 
 // Runner is Pgx or SQL with the handler type of the middleware: the claim's
 // Querier is in the request's context (QuerierFrom, or TxFrom for SQL).
@@ -99,7 +132,13 @@ func serve(run Runner, opts Options, maxBody int64, next http.Handler, r *http.R
 	if int64(len(body)) > maxBody {
 		return Response{}, &Error{413, "BODY_TOO_LARGE", "the body is too large"}
 	}
-	if len(body) > 0 && !json.Valid(body) {
+	if TooDeep(body, MaxNesting) {
+		return Response{}, &Error{400, "JSON_TOO_DEEP",
+			"the body nests arrays and objects more than " + strconv.Itoa(MaxNesting) + " deep"}
+	}
+	// JSON is UTF-8: bytes that are not are the client's bad request (the
+	// server would refuse them with 22021).
+	if len(body) > 0 && (!utf8.Valid(body) || !json.Valid(body)) {
 		return Response{}, &Error{400, "INVALID_JSON", "the body is not valid JSON"}
 	}
 	if opts.Check != nil {
@@ -109,7 +148,12 @@ func serve(run Runner, opts Options, maxBody int64, next http.Handler, r *http.R
 	}
 	c := opts.Call
 	c.Operation = opts.Operation
+	// The header holds one key: two lines, or a comma in the value (HTTP
+	// lets a proxy join two lines so), are the client's bad key.
 	if keys, ok := r.Header["Idempotency-Key"]; ok {
+		if len(keys) > 1 || strings.Contains(keys[0], ",") {
+			return Response{}, &Error{400, "IDEMPOTENCY_KEY_INVALID", "send one Idempotency-Key header, holding one key (no comma)"}
+		}
 		c.Key = &keys[0]
 	}
 	if len(body) > 0 {

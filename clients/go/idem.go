@@ -17,6 +17,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgconn"
 	"github.com/jackc/pgx/v4"
@@ -176,17 +178,39 @@ func answer(d *decision) (Response, error) {
 				return r, err
 			}
 		} else if d.Headers != nil {
-			var object map[string]string // an object: its order is jsonb's
-			if err := json.Unmarshal([]byte(*d.Headers), &object); err != nil {
+			// an object: its members in jsonb's order
+			dec := json.NewDecoder(strings.NewReader(*d.Headers))
+			if _, err := dec.Token(); err != nil {
 				return r, err
 			}
-			for k, v := range object {
-				headers = append(headers, [2]string{k, v})
+			for dec.More() {
+				name, err := dec.Token()
+				if err != nil {
+					return r, err
+				}
+				var value string
+				if err := dec.Decode(&value); err != nil {
+					return r, err
+				}
+				headers = append(headers, [2]string{name.(string), value})
 			}
 		}
+		// Stored by another client of the records: a header no server may
+		// send is never sent (the middleware answers 500).
+		for _, h := range headers {
+			if problem := headerProblem(h[0], h[1]); problem != "" {
+				return r, errors.New("the stored answer cannot be replayed: " + problem)
+			}
+		}
+		// A body stored without raw_body: jsonb's text without the
+		// whitespace outside strings, as every library replays it.
 		body := d.RawBody
 		if body == nil && d.Body != nil {
-			body = []byte(*d.Body)
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, []byte(*d.Body)); err != nil {
+				return r, err
+			}
+			body = compact.Bytes()
 		}
 		headers = append(headers, [2]string{"Idempotent-Replayed", "true"})
 		return Response{int(*d.HTTPStatus), headers, body, "replay", true}, nil
@@ -202,10 +226,20 @@ func answer(d *decision) (Response, error) {
 	return r, nil
 }
 
-// checkKey is the 400 of a missing key, or nil.
-func checkKey(key *string) *Response {
-	if key == nil {
+// checkKey is the 400 of a missing key, or of a call whose key or request
+// is not UTF-8 (the server would refuse it with 22021, which says neither
+// which), or nil.
+func checkKey(c Call) *Response {
+	if c.Key == nil {
 		r := errorResponse(400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required")
+		return &r
+	}
+	if !utf8.ValidString(*c.Key) {
+		r := errorResponse(400, "IDEMPOTENCY_KEY_INVALID", "idempotency key must be printable ASCII")
+		return &r
+	}
+	if c.Request != nil && !utf8.Valid(c.Request) {
+		r := errorResponse(400, "INVALID_REQUEST", "the request is not UTF-8")
 		return &r
 	}
 	return nil
@@ -218,7 +252,7 @@ func refuse(err error) *Response {
 	switch sqlState(err) {
 	case "22023", "22004":
 		r = errorResponse(400, "IDEMPOTENCY_KEY_INVALID", err.Error())
-	case "22P02", "22P05", "22003":
+	case "22P02", "22P05", "22003", "22021":
 		r = errorResponse(400, "INVALID_REQUEST", err.Error())
 	default:
 		return nil
@@ -264,10 +298,39 @@ func claimSQL(c Call) (string, []interface{}) {
 	return sql + ")", args
 }
 
+// headerProblem is why the strictest server (node:http) would refuse to
+// send a header, or "": a name that is not an HTTP token, a value with a
+// control character other than HTAB, DEL, or a character above U+00FF
+// (bytes that are not UTF-8 included).  net/http would send CR and LF as
+// spaces, a value other than the one stored.
+func headerProblem(name, value string) string {
+	if name == "" {
+		return "an empty header name"
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return fmt.Sprintf("invalid header name %q", name)
+		}
+	}
+	for _, r := range value {
+		if r != '\t' && (r < 0x20 || r == 0x7f || r > 0xff) {
+			return fmt.Sprintf("invalid character in the value of header %q", name)
+		}
+	}
+	return ""
+}
+
 // finishSQL is idem_complete (or idem_fail) of a Result, and its arguments.
+// A header no server may send is an error before anything is stored.
 func finishSQL(token string, r Result) (string, []interface{}, error) {
 	if r.Status < 100 || r.Status > 599 {
 		return "", nil, fmt.Errorf("not an HTTP status: %d", r.Status)
+	}
+	for _, h := range r.Headers {
+		if problem := headerProblem(h[0], h[1]); problem != "" {
+			return "", nil, errors.New(problem)
+		}
 	}
 	headers, err := json.Marshal(r.Headers)
 	if err != nil {
@@ -315,7 +378,7 @@ type Pgx struct {
 // not sent before the write it reports is committed.
 func (p Pgx) Run(ctx context.Context, c Call,
 	handler func(ctx context.Context, q Querier, a Attempt) (Result, error)) (Response, error) {
-	if bad := checkKey(c.Key); bad != nil {
+	if bad := checkKey(c); bad != nil {
 		return *bad, nil
 	}
 	sql, args := claimSQL(c)
@@ -433,7 +496,7 @@ var ErrRetryable = errors.New("failed before any side effect")
 // checkpoint.
 func (p Pgx) RunExternal(ctx context.Context, c Call,
 	handler func(ctx context.Context, e External) (Result, error)) (Response, error) {
-	if bad := checkKey(c.Key); bad != nil {
+	if bad := checkKey(c); bad != nil {
 		return *bad, nil
 	}
 	if c.Lease <= 0 {

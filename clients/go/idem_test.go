@@ -357,3 +357,56 @@ func TestMiddleware(t *testing.T) {
 		t.Fatalf("crash: %v %d", res, runs[crash])
 	}
 }
+
+// Bytes that are not UTF-8 are the client's bad input (400), in a key or
+// in a request, in each runner and behind the middleware: never a 500
+// from the server's 22021.
+func TestBadUTF8(t *testing.T) {
+	p := pool(t)
+	db, err := sql.Open("pgx", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	sqlNever := func(context.Context, *sql.Tx, Attempt) (Result, error) { return Result{}, errors.New("must not run") }
+	runs := map[string]func(Call) (Response, error){
+		"pgx": func(c Call) (Response, error) { return Pgx{p}.Run(ctx, c, never) },
+		"sql": func(c Call) (Response, error) { return SQL{db}.Run(ctx, c, sqlNever) },
+		"external": func(c Call) (Response, error) {
+			return Pgx{p}.RunExternal(ctx, c, func(context.Context, External) (Result, error) {
+				return Result{}, errors.New("must not run")
+			})
+		},
+	}
+	for name, run := range runs {
+		key := "caf\xe9-" + newKey()
+		r, err := run(Call{Operation: op(t), Key: &key, Request: []byte(`{}`)})
+		if err != nil || r.Status != 400 || code(r) != "IDEMPOTENCY_KEY_INVALID" {
+			t.Errorf("%s: a key that is not UTF-8: %+v %v", name, r, err)
+		}
+		key = newKey()
+		r, err = run(Call{Operation: op(t), Key: &key, Request: []byte("{\"n\": \"\xff\"}")})
+		if err != nil || r.Status != 400 || code(r) != "INVALID_REQUEST" {
+			t.Errorf("%s: a request that is not UTF-8: %+v %v", name, r, err)
+		}
+	}
+	srv := httptest.NewServer(Middleware(Pgx{p}, Options{Operation: op(t)})(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(201) })))
+	defer srv.Close()
+	key := newKey()
+	for _, body := range []string{"{\"n\": \"\xff\"}", "{\"n\": \"\xfe\"}"} {
+		req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		b.ReadFrom(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 400 || !strings.Contains(b.String(), `"INVALID_JSON"`) {
+			t.Errorf("middleware: a body that is not UTF-8: %d %s", res.StatusCode, b.String())
+		}
+	}
+}

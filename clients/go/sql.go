@@ -17,7 +17,7 @@ type SQL struct {
 // Run is one transaction, as Pgx.Run; the handler gets the transaction.
 func (s SQL) Run(ctx context.Context, c Call,
 	handler func(ctx context.Context, tx *sql.Tx, a Attempt) (Result, error)) (Response, error) {
-	if bad := checkKey(c.Key); bad != nil {
+	if bad := checkKey(c); bad != nil {
 		return *bad, nil
 	}
 	query, args := claimSQL(c)

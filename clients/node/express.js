@@ -7,25 +7,34 @@
 'use strict';
 
 const {
-  readText, parseJson, checkOptions, execute, writeResponse, sendResponse, MAX_BODY,
+  readText, decodeText, parseJson, keyOf, checkOptions, execute, writeResponse, sendResponse, MAX_BODY,
 } = require('./lib/adapter');
 const { HttpError } = require('./index');
 
-// (req, res, next) middleware.  The request is req.body when a body parser
-// ran (express.json()), else the body is read and parsed here.  An HttpError
-// is answered; other errors go to next(err), the app's error handler.
+// (req, res, next) middleware.  The request is the body as the client sent
+// it: read here when no body parser ran before (none is needed), or the
+// bytes a parser kept in req.rawBody (express.json({ verify: (req, res,
+// buf) => { req.rawBody = buf; } })).  A body parsed without its bytes is
+// refused (an error to next(err)): its parser decoded it leniently (U+FFFD
+// for bytes that are not UTF-8, Infinity for 1e1000000, {} for no body),
+// and the request would not be what was sent.  An HttpError is answered;
+// other errors go to next(err), the app's error handler.
 function idempotent(idem, options, handler) {
   checkOptions(idem, options, handler);
   const { maxBody = MAX_BODY, ...rest } = options;
   return function idempotentMiddleware(req, res, next) {
     (async () => {
-      let { body } = req;
       let text;
-      if (body === undefined) {
+      if (req.rawBody !== undefined) {
+        text = typeof req.rawBody === 'string' ? req.rawBody : decodeText(req.rawBody);
+      } else if (req.body === undefined) {
         text = await readText(req, maxBody);
-        body = parseJson(text);
+      } else {
+        throw new TypeError('@idempotency/pg/express: the body was parsed before the idempotent route without '
+          + 'its bytes; remove the body parser, or keep them in req.rawBody (express.json({ verify }))');
       }
-      return execute(idem, rest, { req, key: req.headers['idempotency-key'], body, text }, handler);
+      const body = parseJson(text);
+      return execute(idem, rest, { req, key: keyOf(req), body, text }, handler);
     })().then((response) => {
       const err = sendResponse(res, response);
       if (err !== null) next(err);

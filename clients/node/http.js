@@ -11,7 +11,7 @@
 'use strict';
 
 const {
-  readText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+  readText, parseJson, keyOf, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
 } = require('./lib/adapter');
 
 // A (req, res) listener.  The body is read (options.maxBody bytes at most,
@@ -26,7 +26,7 @@ function idempotent(idem, options, handler) {
     try {
       const text = await readText(req, maxBody);
       const body = parseJson(text);
-      response = await execute(idem, rest, { req, key: req.headers['idempotency-key'], body, text }, handler);
+      response = await execute(idem, rest, { req, key: keyOf(req), body, text }, handler);
     } catch (err) {
       response = errorAnswer(err, onError, req);
     }

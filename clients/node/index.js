@@ -43,8 +43,8 @@ const { validateHeaderName, validateHeaderValue } = require('node:http');
 // SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
 const BAD_KEY = new Set(['22023', '22004']);
 // The request was not JSON that jsonb accepts (a \u0000 escape, say),
-// or a number outside numeric's range (22003).
-const BAD_REQUEST = new Set(['22P02', '22P05', '22003']);
+// a number outside numeric's range (22003), or bytes that are not UTF-8 (22021).
+const BAD_REQUEST = new Set(['22P02', '22P05', '22003', '22021']);
 const STALE_TOKEN = '55000';
 // A prepared statement missing (26000), or one of that name already there
 // (42P05): the connection is not the one the statements were prepared on.
@@ -60,8 +60,32 @@ const JSON_TYPE = ['Content-Type', 'application/json'];
 const EMPTY = Buffer.alloc(0);
 
 // The columns of idem_claim's row that the answer needs.
+// body as jsonb's text: a body stored without raw_body is replayed as that
+// text, compacted (compactJson), as every library replays it; parsed into
+// JavaScript values, its numbers would change (1.10 as 1.1, big integers
+// rounded).
 const DECISION_COLUMNS =
-  'outcome, token, attempt, recovery_point, http_status, headers, body, error_code, retry_after, raw_body';
+  'outcome, token, attempt, recovery_point, http_status, headers, body::text AS body, error_code, retry_after, raw_body';
+
+// JSON text without the whitespace outside its strings.
+function compactJson(text) {
+  let out = '';
+  let from = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++;
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) {
+      inString = true;
+    } else if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) {
+      out += text.slice(from, i);
+      from = i + 1;
+    }
+  }
+  return out + text.slice(from);
+}
 
 const MESSAGES = {
   in_progress: 'a request with this Idempotency-Key is still being processed; retry after Retry-After seconds',
@@ -154,7 +178,7 @@ function answer(decision) {
           : Object.entries(decision.headers);
       headers.push(['Idempotent-Replayed', 'true']);
       let body = decision.raw_body;
-      if (body == null) body = decision.body == null ? EMPTY : Buffer.from(JSON.stringify(decision.body));
+      if (body == null) body = decision.body == null ? EMPTY : Buffer.from(compactJson(decision.body));
       response = { status: decision.http_status, headers, body };
       break;
     }
@@ -653,5 +677,5 @@ class Idempotency {
 }
 
 module.exports = {
-  Idempotency, HttpError, RetryableError, LeaseLostError, answer, toResponse, literal,
+  Idempotency, HttpError, RetryableError, LeaseLostError, answer, toResponse, literal, compactJson,
 };

@@ -128,7 +128,8 @@ const frameworks = {
       res.on('finish', () => log(req.method, req.originalUrl, res.statusCode));
       next();
     });
-    app.post('/payments', express.json({ limit: '1mb' }), idempotent(idem, OPTIONS, createPayment));
+    // No body parser: the adapter reads the body as sent (1 MiB at most).
+    app.post('/payments', idempotent(idem, OPTIONS, createPayment));
     app.get('/payments/:id', (req, res, next) => {
       if (!PAYMENT_PATH.test(req.path)) return next();
       return getPayment(pool, req.params.id).then((r) => res.status(r.status).json(r.body), next);
@@ -146,9 +147,13 @@ const frameworks = {
 
   fastify(pool, idem, log) {
     const fastify = require('fastify')({ bodyLimit: 1 << 20 });
-    const { idempotent } = require('@idempotency/pg/fastify');
+    const { idempotent, rawBodies } = require('@idempotency/pg/fastify');
     fastify.addHook('onResponse', async (request, reply) => log(request.method, request.url, reply.statusCode));
-    fastify.post('/payments', idempotent(idem, OPTIONS, createPayment));
+    // The route's body as sent, not as Fastify's parsers decode it.
+    fastify.register(async (scope) => {
+      rawBodies(scope);
+      scope.post('/payments', idempotent(idem, OPTIONS, createPayment));
+    });
     fastify.get('/payments/:id', async (request, reply) => {
       if (!PAYMENT_PATH.test(request.url)) return reply.code(404).send({ error_code: 'NOT_FOUND', message: 'no such resource' });
       const r = await getPayment(pool, request.params.id);

@@ -335,6 +335,74 @@ def test_rollback_and_failure(port, db):
     check("its retry replays the same 400", r2.status == 400 and r2.replayed and r2.raw == r.raw, r2)
 
 
+CONFORMANCE = os.path.join(HERE, "..", "..", "clients", "conformance.json")
+GOOD = {"amount": 100, "currency": "EUR"}
+
+
+def send_raw(port, keys, body_bytes, timeout=30):
+    """POST /payments with each of keys (bytes or str) as an Idempotency-Key
+    header, in order, and the body's bytes as they are."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.putrequest("POST", "/payments")
+        conn.putheader("Content-Type", "application/json")
+        for k in keys:
+            conn.putheader("Idempotency-Key", k.encode("latin-1") if isinstance(k, str) else k)
+        conn.putheader("Content-Length", str(len(body_bytes)))
+        conn.endheaders(body_bytes)
+        r = conn.getresponse()
+        return Response(r.status, r.getheaders(), r.read())
+    finally:
+        conn.close()
+
+
+def hostile_body(row):
+    if "body_hex" in row:
+        return bytes.fromhex(row["body_hex"])
+    if "body_text" in row:
+        return row["body_text"].encode()
+    if "body_nesting" in row:
+        n = row["body_nesting"] - 1
+        return (json.dumps(dict(GOOD, s="[" * 600))[:-1] + ', "n": ' + "[" * n + "]" * n + "}").encode()
+    return json.dumps(row.get("body", GOOD)).encode()
+
+
+def test_hostile(port, db, known_limits=()):
+    """The hostile rows of clients/conformance.json: every library answers
+    them alike, and a refused request stores nothing.  known_limits: the
+    names of the service's limits (a row's known_limits) that the docs
+    give: what happens instead is checked to be what they say."""
+    with open(CONFORMANCE) as f:
+        rows = json.load(f)["hostile"]["rows"]
+    key = None
+    for i, row in enumerate(rows):
+        if not row.get("same_key_as_previous"):
+            key = new_key()
+        if "key_hex" in row:
+            keys = [bytes.fromhex(row["key_hex"])]
+        elif "keys" in row:
+            keys = [k.replace("{key}", key) for k in row["keys"]]
+        elif "key_suffix_hex" in row:
+            keys = [key.encode() + bytes.fromhex(row["key_suffix_hex"])]
+        else:
+            keys = [key]
+        r = send_raw(port, keys, hostile_body(row))
+        limit = next((n for n in known_limits if n in row.get("known_limits", {})), None)
+        if limit is not None:
+            check("hostile: %s -> known limit of %s: %s" % (row["name"], limit, row["known_limits"][limit]),
+                  r.status == 201 and not r.replayed and len(payments_for(db, key)) == 1, r)
+            continue
+        ours = (r.status == row["status"] and not r.replayed
+                and (r.error_code == row["error_code"] or row["error_code"] is None))
+        by_server = row.get("server_may_refuse") and r.status == row["status"] and r.error_code is None
+        check("hostile: %s -> %d %s" % (row["name"], row["status"], row["error_code"]), ours or by_server, r)
+        last = i + 1 == len(rows) or not rows[i + 1].get("same_key_as_previous")
+        if not row["stored"] and last and "key_hex" not in row:
+            again = post(port, key, GOOD)
+            check("  ... nothing was stored: the key with a good body then proceeds (201, not a replay)",
+                  again.status == 201 and not again.replayed and len(payments_for(db, key)) == 1, again)
+
+
 def test_expired(port, db, admin):
     """A retry that comes after the record expired is told so, and runs
     nothing.  The superuser moves the record's expiry into the past rather
@@ -439,6 +507,10 @@ def main():
         "--admin-dsn", metavar="DSN", default=os.environ.get("IDEM_ADMIN_DSN"),
         help="a superuser connection to the same database, for the expired and"
              " rate_limited checks (default: $IDEM_ADMIN_DSN; skipped without)")
+    parser.add_argument(
+        "--known-limit", metavar="NAME", action="append", default=[],
+        help="a limit of the service's HTTP server that clients/conformance.json"
+             " names (a hostile row's known_limits), checked as documented")
     args = parser.parse_args()
     command = ([sys.executable, "-u", SERVICE] if args.service_command is None
                else shlex.split(args.service_command))
@@ -458,6 +530,7 @@ def main():
         test_replay_and_mismatch(service.port, db, key, body, first)
         test_in_progress(service.port, db)
         test_rollback_and_failure(service.port, db)
+        test_hostile(service.port, db, args.known_limit)
         if admin is not None:
             test_expired(service.port, db, admin)
             test_rate_limited(service.port, db, args.admin_dsn)

@@ -166,6 +166,63 @@ public final class IdempotencyTest {
         check("  ... which then ends with 201", slow.get(30, TimeUnit.SECONDS).status() == 201, slow);
     }
 
+    /**
+     * Header values are checked as the strictest server checks them
+     * (node:http: a token name; no character above U+00FF, no control
+     * character but HTAB) before they are stored: the JDK's server writes
+     * each char as one byte, so "\u010d\u010a" would be CR LF on the wire.
+     */
+    static void headers(Pool pool, Idempotency idem) throws Exception {
+        List<List<String>> bad = List.of(
+            List.of("X-Note", "ok\u010d\u010aSet-Cookie: session=attacker"),
+            List.of("X-Note", "a\r\nSet-Cookie: x=y"), List.of("X-Note", "a\nb"), List.of("X-Note", "a\u0000b"),
+            List.of("X-Note", "a\u0001b"), List.of("X-Note", "a\u007fb"), List.of("X-Note", "caf\u0107"),
+            List.of("X Note", "a"), List.of("X-Note:", "a"), List.of("", "a"), List.of("X-N\u00f6te", "a"));
+        for (List<String> h : bad) {
+            String key = UUID.randomUUID().toString();
+            Call call = Call.of(op("headers"), key, "{\"amount\": 14}");
+            String what = Json.write(h);
+            try {
+                Response r = idem.run(call, (conn, a) -> {
+                    pay(conn, a, 14);
+                    return Result.of(201, List.of(h), new byte[0]);
+                });
+                check("a header the strictest server refuses is refused before it is stored: " + what, false, r);
+            } catch (IllegalArgumentException e) {
+                Response retry = idem.run(call, (conn, a) -> pay(conn, a, 14));
+                check("a header the strictest server refuses is refused before it is stored, rolled back, "
+                      + "the retry proceeds: " + what,
+                      payments(pool, key) == 1 && retry.status() == 201 && !retry.replayed(), retry);
+            }
+        }
+        String key = UUID.randomUUID().toString();
+        Response ok = idem.run(Call.of(op("headers"), key, "{}"),
+                               (conn, a) -> Result.of(200, List.of(List.of("X-Note", "tab\there, caf\u00e9 ~")), null));
+        Response replay = idem.run(Call.of(op("headers"), key, "{}"), NEVER);
+        check("a header value of HTAB, printable ASCII and U+0080..U+00FF is stored and replayed",
+              replay.replayed() && "tab\there, caf\u00e9 ~".equals(replay.header("X-Note")), replay);
+        // A record stored by another client of the records, with a value
+        // no server may send: its replay is refused, never sent.
+        String stored = UUID.randomUUID().toString();
+        Connection conn = pool.take();
+        try (PreparedStatement ps = conn.prepareStatement(
+                "SELECT idem_complete((SELECT token FROM idem_claim(?, ?)), 200,"
+                + " headers => '[[\"X-Note\", \"ok\\u010d\\u010aSet-Cookie: a=b\"]]')")) {
+            ps.setString(1, op("headers"));
+            ps.setString(2, stored);
+            ps.execute();
+            conn.commit();
+        } finally {
+            pool.give(conn, false);
+        }
+        try {
+            Response r = idem.run(Call.of(op("headers"), stored, null), NEVER);
+            check("the replay of a stored header no server may send is refused", false, r);
+        } catch (IllegalStateException e) {
+            check("the replay of a stored header no server may send is refused", true, e);
+        }
+    }
+
     static void external(Idempotency idem) throws Exception {
         String key = UUID.randomUUID().toString();
         Call call = Call.of(op("external"), key, "{}").withLease(Duration.ofSeconds(5));
@@ -229,14 +286,26 @@ public final class IdempotencyTest {
 
     /** A request of the servlet API, as far as the filter uses it. */
     static HttpServletRequest request(String key, String body) {
+        return request(key, body.getBytes(StandardCharsets.UTF_8));
+    }
+
+    static HttpServletRequest request(String key, byte[] body) {
+        return request(key == null ? List.of() : List.of(key), body);
+    }
+
+    /** A POST with these Idempotency-Key header lines. */
+    static HttpServletRequest request(List<String> keys, byte[] body) {
+        String key = keys.isEmpty() ? null : keys.get(0);
         Map<String, Object> attributes = new HashMap<>();
         return (HttpServletRequest) Proxy.newProxyInstance(IdempotencyTest.class.getClassLoader(),
             new Class<?>[] {HttpServletRequest.class}, (proxy, method, args) -> switch (method.getName()) {
                 case "getHeader" -> "Idempotency-Key".equalsIgnoreCase((String) args[0]) ? key : null;
+                case "getHeaders" -> java.util.Collections.enumeration(
+                    "Idempotency-Key".equalsIgnoreCase((String) args[0]) ? keys : List.of());
                 case "getMethod" -> "POST";
                 case "setAttribute" -> attributes.put((String) args[0], args[1]);
                 case "getAttribute" -> attributes.get((String) args[0]);
-                case "getInputStream" -> IdempotencyFilter.inputStream(body.getBytes(StandardCharsets.UTF_8));
+                case "getInputStream" -> IdempotencyFilter.inputStream(body);
                 default -> throw new UnsupportedOperationException(method.getName());
             });
     }
@@ -314,6 +383,22 @@ public final class IdempotencyTest {
         Sent crashed = new Sent();
         filter.doFilter(request(crash, "{\"crash\":1}"), crashed.proxy(), chain);
         check("filter: a 5xx is not stored: the retry runs again", crashed.status == 500 && runs.get() == 3, runs);
+        // A body that is not UTF-8 is the client's bad request: decoded
+        // with U+FFFD, two different bodies would be one request.
+        String utf = UUID.randomUUID().toString();
+        int before = runs.get();
+        Sent bad = new Sent();
+        filter.doFilter(request(utf, new byte[] {'{', '"', 'n', '"', ':', '"', (byte) 0xff, '"', '}'}), bad.proxy(), chain);
+        Sent bad2 = new Sent();
+        filter.doFilter(request(utf, new byte[] {'{', '"', 'n', '"', ':', '"', (byte) 0xfe, '"', '}'}), bad2.proxy(), chain);
+        check("filter: a body that is not UTF-8 is 400 INVALID_JSON, and the chain does not run",
+              bad.status == 400 && bad2.status == 400 && runs.get() == before
+              && new String(bad2.body.toByteArray(), StandardCharsets.UTF_8).contains("\"INVALID_JSON\""),
+              bad.status + " " + bad2.status + " " + bad2.body);
+        Sent good = new Sent();
+        filter.doFilter(request(utf, "{\"n\":\"x\"}"), good.proxy(), chain);
+        check("  ... and nothing is stored: the key then proceeds", good.status == 201 && runs.get() == before + 1,
+              good.status);
     }
 
     /**
@@ -618,11 +703,184 @@ public final class IdempotencyTest {
         }
     }
 
+    /** Nesting beyond Json.MAX_NESTING: a 400 before any parser, and the parser refuses it too (no StackOverflowError). */
+    static void nesting() {
+        String deep = "[".repeat(100_000) + "]".repeat(100_000);
+        try {
+            Json.parse(deep);
+            check("Json.parse refuses nesting beyond MAX_NESTING", false, "parsed");
+        } catch (IllegalArgumentException e) {
+            check("Json.parse refuses nesting beyond MAX_NESTING", true, e);
+        }
+        String limit = "[".repeat(Json.MAX_NESTING) + "\"[[[\"" + "]".repeat(Json.MAX_NESTING);
+        check("Json.parse takes nesting to MAX_NESTING (brackets in strings not counted)",
+              Json.parse(limit) instanceof List && !Json.tooDeep(limit, Json.MAX_NESTING), limit.length());
+        try {
+            Idempotency.bodyText(deep.getBytes(StandardCharsets.UTF_8));
+            check("bodyText: nesting beyond MAX_NESTING is 400 JSON_TOO_DEEP", false, "accepted");
+        } catch (Idempotency.HttpError e) {
+            check("bodyText: nesting beyond MAX_NESTING is 400 JSON_TOO_DEEP",
+                  e.status == 400 && e.errorCode.equals("JSON_TOO_DEEP"), e.errorCode);
+        }
+    }
+
+    /**
+     * clients/conformance.json, the answers every library gives the same:
+     * each decision row's HTTP answer, each SQLSTATE's kind, each header
+     * pair a handler may return.  (Its hostile rows run end to end against
+     * the example: examples/python/test_payments_service.py.)
+     */
+    @SuppressWarnings("unchecked")
+    static void conformance() throws Exception {
+        Map<String, Object> fixture = Json.object(new String(
+            java.nio.file.Files.readAllBytes(java.nio.file.Path.of("..", "conformance.json")), StandardCharsets.UTF_8));
+        for (Object o : (List<Object>) ((Map<String, Object>) fixture.get("decisions")).get("rows")) {
+            Map<String, Object> row = (Map<String, Object>) o;
+            Map<String, Object> d = (Map<String, Object>) row.get("row");
+            Response r = Idempotency.answer((String) d.get("outcome"), number(d.get("http_status")),
+                d.get("headers") == null ? null : Json.write(d.get("headers")), (String) d.get("body_text"), (String) d.get("error_code"),
+                number(d.get("retry_after")), unhex((String) d.get("raw_body_hex")));
+            byte[] body = row.containsKey("body_hex") ? unhex((String) row.get("body_hex"))
+                : ((String) row.get("body_text")).getBytes(StandardCharsets.UTF_8);
+            check("conformance: decision: " + row.get("name"),
+                  r.status() == number(row.get("status")) && r.headers().equals(row.get("headers"))
+                  && Arrays.equals(r.body(), body), r.status() + " " + r.headers() + " " + new String(r.body(), StandardCharsets.UTF_8));
+        }
+        Map<String, String> kinds = Map.of("IDEMPOTENCY_KEY_INVALID", "key_invalid", "INVALID_REQUEST", "request_invalid");
+        Map<String, Object> codes = (Map<String, Object>) ((Map<String, Object>) fixture.get("sqlstates")).get("codes");
+        for (Map.Entry<String, Object> e : codes.entrySet()) {
+            Response r = Idempotency.refusal(e.getKey(), "refused");
+            String kind = r == null ? "error" : r.status() == 400 ? kinds.get(code(r)) : "status " + r.status();
+            check("conformance: SQLSTATE " + e.getKey() + " is " + e.getValue(), e.getValue().equals(kind), kind);
+        }
+        for (Object o : (List<Object>) ((Map<String, Object>) fixture.get("header_values")).get("rows")) {
+            Map<String, Object> row = (Map<String, Object>) o;
+            List<String> pair = List.of((String) row.get("name"), (String) row.get("value"));
+            boolean stored;
+            try {
+                stored = Result.of(200, List.of(pair), null).headers().equals(List.of(pair));
+            } catch (IllegalArgumentException e) {
+                stored = false;
+            }
+            check("conformance: header " + Json.write(pair) + (Boolean.TRUE.equals(row.get("valid")) ? " is stored" : " is refused"),
+                  stored == Boolean.TRUE.equals(row.get("valid")), stored);
+        }
+        check("conformance: the nesting limit is the fixture's",
+              number(fixture.get("nesting_limit")) == Json.MAX_NESTING, fixture.get("nesting_limit"));
+    }
+
+    /**
+     * The fixture's hostile rows through the Filter, in a servlet container
+     * that keeps header values as sent (ISO-8859-1 chars of their bytes):
+     * a chain that pays, behind the example's check (a JSON object).
+     */
+    @SuppressWarnings("unchecked")
+    static void filterHostile(Pool pool, Idempotency idem) throws Exception {
+        Map<String, Object> fixture = Json.object(new String(
+            java.nio.file.Files.readAllBytes(java.nio.file.Path.of("..", "conformance.json")), StandardCharsets.UTF_8));
+        int limit = number(fixture.get("nesting_limit"));
+        IdempotencyFilter filter = new IdempotencyFilter(idem, op("hostile"), (request, body) -> {
+            Object v;
+            try {
+                v = body.isEmpty() ? null : Json.parse(body);
+            } catch (IllegalArgumentException e) {
+                v = null;
+            }
+            if (!(v instanceof Map)) {
+                throw new Idempotency.HttpError(400, "INVALID_JSON", "the body must be a JSON object");
+            }
+        });
+        FilterChain chain = (req, res) -> {
+            HttpServletRequest r = (HttpServletRequest) req;
+            Idempotency.Attempt a = (Idempotency.Attempt) r.getAttribute(IdempotencyFilter.ATTEMPT);
+            try {
+                Result paid = pay((Connection) r.getAttribute(IdempotencyFilter.CONNECTION), a, 100);
+                HttpServletResponse out = (HttpServletResponse) res;
+                out.setStatus(paid.status());
+                out.getOutputStream().write(paid.body());
+            } catch (Exception e) {
+                throw new javax.servlet.ServletException(e);
+            }
+        };
+        byte[] good = "{\"amount\": 100, \"currency\": \"EUR\"}".getBytes(StandardCharsets.UTF_8);
+        List<Object> rows = (List<Object>) ((Map<String, Object>) fixture.get("hostile")).get("rows");
+        String key = null;
+        for (int i = 0; i < rows.size(); i++) {
+            Map<String, Object> row = (Map<String, Object>) rows.get(i);
+            if (!Boolean.TRUE.equals(row.get("same_key_as_previous"))) {
+                key = UUID.randomUUID().toString();
+            }
+            List<String> keys;
+            if (row.containsKey("key_hex")) {
+                keys = List.of(new String(unhex((String) row.get("key_hex")), StandardCharsets.ISO_8859_1));
+            } else if (row.containsKey("keys")) {
+                String k = key;
+                keys = ((List<Object>) row.get("keys")).stream().map(o -> ((String) o).replace("{key}", k)).toList();
+            } else if (row.containsKey("key_suffix_hex")) {
+                keys = List.of(key + new String(unhex((String) row.get("key_suffix_hex")), StandardCharsets.ISO_8859_1));
+            } else {
+                keys = List.of(key);
+            }
+            byte[] body;
+            if (row.containsKey("body_hex")) {
+                body = unhex((String) row.get("body_hex"));
+            } else if (row.containsKey("body_text")) {
+                body = ((String) row.get("body_text")).getBytes(StandardCharsets.UTF_8);
+            } else if (row.containsKey("body_nesting")) {
+                int n = number(row.get("body_nesting")) - 1;
+                body = ("{\"amount\": 100, \"currency\": \"EUR\", \"s\": \"" + "[".repeat(600) + "\", \"n\": "
+                        + "[".repeat(n) + "]".repeat(n) + "}").getBytes(StandardCharsets.UTF_8);
+            } else {
+                body = good;
+            }
+            Sent sent = new Sent();
+            filter.doFilter(request(keys, body), sent.proxy(), chain);
+            String errorCode = null;
+            try {
+                errorCode = (String) Json.object(sent.body.toString(StandardCharsets.UTF_8)).get("error_code");
+            } catch (IllegalArgumentException e) {
+                // not an error body
+            }
+            Object want = row.get("error_code");
+            check("filter, hostile: " + row.get("name") + " -> " + row.get("status") + " " + want,
+                  sent.status == number(row.get("status")) && (want == null || want.equals(errorCode)),
+                  sent.status + " " + sent.body);
+            boolean last = i + 1 == rows.size()
+                || !Boolean.TRUE.equals(((Map<String, Object>) rows.get(i + 1)).get("same_key_as_previous"));
+            if (Boolean.FALSE.equals(row.get("stored")) && last && !row.containsKey("key_hex")) {
+                Sent again = new Sent();
+                filter.doFilter(request(key, good), again.proxy(), chain);
+                check("  ... nothing was stored: the key with a good body then proceeds",
+                      again.status == 201 && payments(pool, key) == 1, again.status + " " + again.headers);
+            }
+        }
+        check("filter, hostile: the nesting limit is checked", limit == Json.MAX_NESTING, limit);
+    }
+
+    static Integer number(Object v) {
+        return v == null ? null : ((Json.Number) v).asLong().intValue();
+    }
+
+    static byte[] unhex(String h) {
+        if (h == null) {
+            return null;
+        }
+        byte[] b = new byte[h.length() / 2];
+        for (int k = 0; k < b.length; k++) {
+            b[k] = (byte) Integer.parseInt(h.substring(2 * k, 2 * k + 2), 16);
+        }
+        return b;
+    }
+
     public static void main(String[] args) throws Exception {
         Pool pool = Pool.fromEnvironment(4, "idempotency-test-java");
         Idempotency idem = new Idempotency(pool);
         try {
             core(pool, idem);
+            headers(pool, idem);
+            nesting();
+            conformance();
+            filterHostile(pool, idem);
             external(idem);
             filter(idem);
             roundTrips("named statements");

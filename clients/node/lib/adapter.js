@@ -27,8 +27,7 @@ function readBody(req, limit = MAX_BODY) {
 // and fingerprint) are the client's bad request.
 const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
-async function readText(req, maxBody) {
-  const raw = await readBody(req, maxBody);
+function decodeText(raw) {
   try {
     return utf8.decode(raw);
   } catch {
@@ -36,14 +35,68 @@ async function readText(req, maxBody) {
   }
 }
 
-// JSON text as a value; an empty body is null.  Not JSON: 400.
+async function readText(req, maxBody) {
+  return decodeText(await readBody(req, maxBody));
+}
+
+// How deep a body may nest arrays and objects (the outer one counts): the
+// same limit in every library (clients/conformance.json), checked before
+// any parser runs, so that no parser's recursion (or the server's) meets a
+// body nested thousands deep.
+const MAX_NESTING = 512;
+
+// Whether JSON text nests arrays and objects deeper than limit (brackets
+// inside strings are not counted).
+function tooDeep(text, limit = MAX_NESTING) {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++;
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) {
+      inString = true;
+    } else if (c === 0x5b || c === 0x7b) {
+      if (++depth > limit) return true;
+    } else if (c === 0x5d || c === 0x7d) {
+      depth--;
+    }
+  }
+  return false;
+}
+
+// JSON text as a value; an empty body is null.  Nested deeper than
+// MAX_NESTING: 400 JSON_TOO_DEEP.  Not JSON: 400 INVALID_JSON.
 function parseJson(text) {
   if (text === '') return null;
+  if (tooDeep(text)) {
+    throw new HttpError(400, 'JSON_TOO_DEEP', `the body nests arrays and objects more than ${MAX_NESTING} deep`);
+  }
   try {
     return JSON.parse(text);
   } catch {
     throw new HttpError(400, 'INVALID_JSON', 'the body is not valid JSON');
   }
+}
+
+// The Idempotency-Key of a node:http request (undefined: missing).  The
+// header holds one key: two header lines (which node:http joins with ", ")
+// or a comma in the value (HTTP lets a proxy join two lines so) are the
+// client's bad key, 400.
+const ONE_KEY = 'send one Idempotency-Key header, holding one key (no comma)';
+
+function keyOf(req) {
+  const raw = req.rawHeaders || [];
+  let lines = 0;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i].length === 15 && raw[i].toLowerCase() === 'idempotency-key') lines++;
+  }
+  const key = req.headers['idempotency-key'];
+  if (lines > 1 || (typeof key === 'string' && key.includes(','))) {
+    throw new HttpError(400, 'IDEMPOTENCY_KEY_INVALID', ONE_KEY);
+  }
+  return key;
 }
 
 function checkOptions(idem, options, handler) {
@@ -123,5 +176,6 @@ function sendResponse(res, response) {
 }
 
 module.exports = {
-  readBody, readText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+  readBody, readText, decodeText, parseJson, checkOptions, execute, errorAnswer, writeResponse, sendResponse, MAX_BODY,
+  MAX_NESTING, tooDeep, keyOf,
 };

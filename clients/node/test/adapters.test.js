@@ -43,14 +43,17 @@ const servers = {
   },
   express: async (operation) => {
     const app = express();
-    app.post('/things', express.json(), expressAdapter.idempotent(idem, { operation }, handler));
+    app.post('/things', expressAdapter.idempotent(idem, { operation }, handler));
     app.post('/ext', expressAdapter.idempotent(idem, { operation: `${operation}.ext`, external: true }, externalHandler));
     return http.createServer(app);
   },
   fastify: async (operation) => {
     const app = fastify();
-    app.post('/things', fastifyAdapter.idempotent(idem, { operation }, handler));
-    app.post('/ext', fastifyAdapter.idempotent(idem, { operation: `${operation}.ext`, external: true }, externalHandler));
+    app.register(async (scope) => {
+      fastifyAdapter.rawBodies(scope);
+      scope.post('/things', fastifyAdapter.idempotent(idem, { operation }, handler));
+      scope.post('/ext', fastifyAdapter.idempotent(idem, { operation: `${operation}.ext`, external: true }, externalHandler));
+    });
     await app.ready();
     return app.server;
   },
@@ -158,6 +161,68 @@ for (const [name, make] of Object.entries(servers)) {
     const replay = await send(server.address().port, '/things', key, { n: 1 });
     assert.equal(replay.status, 500);
     assert.equal(runs.get(key), undefined);
+  });
+}
+
+// What the client sent, as it sent it, in every adapter: the parsers of
+// Express and Fastify decode bodies leniently (U+FFFD for bytes that are
+// not UTF-8), turn 1e1000000 into Infinity (null once encoded again) and an
+// empty body into {}.
+function sendBytes(port, path, key, bytes) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({
+      host: '127.0.0.1', port, method: 'POST', path, agent: false,
+      headers: { 'Content-Type': 'application/json', 'Idempotency-Key': key, 'Content-Length': bytes.length },
+    }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => {
+        let json = null;
+        try { json = JSON.parse(Buffer.concat(chunks)); } catch { /* not JSON */ }
+        resolve({ status: res.statusCode, json });
+      });
+    });
+    req.on('error', reject);
+    req.end(bytes);
+  });
+}
+
+const rawServers = {
+  ...servers,
+  // express.json() before the adapter, keeping the bytes it parsed
+  'express with express.json({ verify })': async (operation) => {
+    const app = express();
+    app.use(express.json({ verify: (req, res, buf) => { req.rawBody = buf; } }));
+    app.post('/things', expressAdapter.idempotent(idem, { operation }, handler));
+    return http.createServer(app);
+  },
+};
+
+for (const [name, make] of Object.entries(rawServers)) {
+  test(`${name}: the request is the bytes sent: not UTF-8 is 400 INVALID_JSON, 1e1000000 400 INVALID_REQUEST, nothing stored`, async (t) => {
+    const server = await make(`test.node.${name}.raw.${run}`);
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+    t.after(() => new Promise((resolve) => server.close(resolve)));
+    const { port } = server.address();
+    const key = randomUUID();
+    for (const bad of [0xff, 0xfe]) {
+      const r = await sendBytes(port, '/things', key,
+        Buffer.concat([Buffer.from('{"n": 1, "note": "'), Buffer.from([bad]), Buffer.from('"}')]));
+      assert.equal(r.status, 400);
+      assert.equal(r.json.error_code, 'INVALID_JSON');
+    }
+    const huge = await sendBytes(port, '/things', key, Buffer.from('{"n": 1e1000000}'));
+    assert.equal(huge.status, 400);
+    assert.equal(huge.json.error_code, 'INVALID_REQUEST');
+    assert.equal(runs.get(key), undefined);
+    const good = await sendBytes(port, '/things', key, Buffer.from('{"n": 1}'));
+    assert.equal(good.status, 201);
+    assert.equal(runs.get(key), 1);
+    // an empty body is no request (null), not {}
+    const empty = randomUUID();
+    const e = await sendBytes(port, '/things', empty, Buffer.alloc(0));
+    assert.equal(e.status, 500); // the handler reads body.n of null
+    assert.equal(runs.get(empty), 1);
   });
 }
 

@@ -570,7 +570,7 @@ test('answer() maps every outcome as the README says', () => {
   r = answer({ outcome: 'in_progress', http_status: 409, error_code: 'IDEMPOTENCY_REQUEST_IN_PROGRESS', retry_after: 2 });
   assert.deepEqual([r.status, headersOf(r)['Retry-After']], [409, '2']);
   // a response stored as jsonb (by another client) replays as its JSON text
-  r = answer({ outcome: 'replay', http_status: 200, headers: { 'X-A': '1' }, body: { a: 1 }, raw_body: null });
+  r = answer({ outcome: 'replay', http_status: 200, headers: { 'X-A': '1' }, body: '{"a": 1}', raw_body: null });
   assert.deepEqual([r.status, r.body.toString(), r.headers], [200, '{"a":1}', [['X-A', '1'], ['Idempotent-Replayed', 'true']]]);
   assert.throws(() => answer({ outcome: 'proceed' }));
 });
@@ -685,5 +685,27 @@ test('idem_claim_text no longer usable after the first call (EXECUTE revoked): t
     await roled.end();
     await admin.query(`DROP OWNED BY ${role}; DROP ROLE ${role}`);
     await admin.end();
+  }
+});
+
+test('a body stored as jsonb (no raw_body) is replayed as its text compacted, numbers as written, prepared or not', async () => {
+  for (const preparedStatements of [true, false]) {
+    const operation = `test.node.jsonb-body.${preparedStatements}.${run}`;
+    const key = randomUUID();
+    const client = await pool.connect();
+    try {
+      await client.query('BEGIN');
+      const { rows: [{ token }] } = await client.query('SELECT token FROM idem_claim($1, $2)', [operation, key]);
+      await client.query('SELECT idem_complete($1, 200, $2::jsonb)',
+        [token, '{"a": 1.10, "b": 12345678901234567890, "s": "x, y: z"}']);
+      await client.query('COMMIT');
+    } finally {
+      client.release();
+    }
+    const r = await new Idempotency(pool, { preparedStatements }).run({ operation, key }, () => {
+      throw new Error('must not run');
+    });
+    assert.equal(r.replayed, true);
+    assert.equal(r.body.toString(), '{"a":1.10,"b":12345678901234567890,"s":"x, y: z"}');
   }
 });

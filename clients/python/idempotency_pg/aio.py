@@ -76,7 +76,7 @@ def _decision(result, encoding):
         "recovery_point": None if point is None else point.decode(encoding),
         "http_status": None if status is None else int(status),
         "headers": None if headers is None else json.loads(headers),
-        "body": None if body is None else json.loads(body),
+        "body": None if body is None else body.decode(encoding),
         "error_code": None if code is None else code.decode(encoding),
         "retry_after": None if retry_after is None else int(retry_after),
         "raw_body": raw,

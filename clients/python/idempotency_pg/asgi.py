@@ -14,7 +14,7 @@
 
 import inspect
 
-from ._adapter import MAX_BODY, call_arguments, parse
+from ._adapter import MAX_BODY, call_arguments, key_of, parse
 from .core import HttpError
 
 
@@ -38,7 +38,7 @@ def idempotent(idem, operation, external=False, max_body=MAX_BODY, **options):
         async def endpoint(request):
             try:
                 text, body = parse(await request.body(), max_body)
-                kwargs = call_arguments(options, request, request.headers.get("idempotency-key"), text, body)
+                kwargs = call_arguments(options, request, key_of(request.headers.getlist("idempotency-key")), text, body)
                 extra = {"request": request, "body": body}
                 if external:
                     response = await idem.run_external(

@@ -17,14 +17,16 @@ its answer (the claim), then its COMMIT.
 
 import json
 import logging
+import re
 import sys
 import threading
 from contextlib import contextmanager
 
 # SQLSTATEs of idem_claim's invalid input: a missing or invalid key.
 BAD_KEY = ("22023", "22004")
-# The request was not JSON that jsonb accepts (a \\u0000 escape, say).
-BAD_REQUEST = ("22P02", "22P05", "22003")
+# The request was not JSON that jsonb accepts (a \\u0000 escape, say), a
+# number beyond numeric's range (22003), or bytes that are not UTF-8 (22021).
+BAD_REQUEST = ("22P02", "22P05", "22003", "22021")
 STALE_TOKEN = "55000"
 # idem_claim_text refused after the question at the first call said it was
 # usable: EXECUTE revoked (42501), or the function gone (42883).
@@ -36,6 +38,32 @@ JSON_TYPE = ("Content-Type", "application/json")
 
 COLUMNS = ("outcome", "token", "attempt", "recovery_point", "http_status", "headers",
            "body", "error_code", "retry_after", "raw_body")
+
+# body as jsonb's text: a body stored without raw_body is replayed as that
+# text, compacted (compact_json), as every library replays it; parsed, its
+# numbers would change (1.10 as 1.1).
+SELECT_LIST = ", ".join("body::text" if c == "body" else c for c in COLUMNS)
+
+
+def compact_json(text):
+    """JSON text without the whitespace outside its strings."""
+    out, start, in_string, escaped = [], 0, False, False
+    for i, c in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in " \t\n\r":
+            out.append(text[start:i])
+            start = i + 1
+    out.append(text[start:])
+    return "".join(out)
+
 
 MESSAGES = {
     "in_progress": "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
@@ -119,6 +147,24 @@ class LeaseLostError(Exception):
     not stored."""
 
 
+# An HTTP token (RFC 9110): what a header name may be.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# What a header value may not hold, as the strictest server (node:http)
+# checks it: a control character other than HTAB, DEL, or a character above
+# U+00FF (which servers that write latin-1 refuse, or write as one byte each).
+_BAD_VALUE = re.compile(r"[^\t\x20-\x7e\x80-\xff]")
+
+
+def header_problem(name, value):
+    """Why the strictest server (node:http) would refuse to send a header,
+    or None when it sends it."""
+    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        return "invalid header name %r" % (name,)
+    if not isinstance(value, str) or _BAD_VALUE.search(value):
+        return "invalid character in the value of header %r" % (name,)
+    return None
+
+
 def encode(value):
     return json.dumps(value, separators=(",", ":")).encode()
 
@@ -133,9 +179,15 @@ def answer(d):
     if outcome == "replay":
         stored = d["headers"]
         headers = [tuple(h) for h in stored] if isinstance(stored, list) else list((stored or {}).items())
+        # Stored by another client of the records: a header no server may
+        # send is never sent (an error: the adapters answer 500).
+        for n, v in headers:
+            problem = header_problem(n, v)
+            if problem is not None:
+                raise ValueError("the stored answer cannot be replayed: " + problem)
         headers.append(("Idempotent-Replayed", "true"))
         body = d["raw_body"]
-        body = bytes(body) if body is not None else (b"" if d["body"] is None else encode(d["body"]))
+        body = bytes(body) if body is not None else (b"" if d["body"] is None else compact_json(d["body"]).encode())
         return Response(d["http_status"], headers, body, outcome, True)
     if outcome in ("in_progress", "rate_limited"):
         r = error_response(d["http_status"], d["error_code"], MESSAGES[outcome],
@@ -190,6 +242,12 @@ class Result:
             raise ValueError("not an HTTP status: %r" % (status,))
         pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
         pairs = [(str(n), str(v)) for n, v in pairs]
+        # Checked before they are stored: a header no server may send would
+        # fail the answer and every replay (or split it).
+        for n, v in pairs:
+            problem = header_problem(n, v)
+            if problem is not None:
+                raise ValueError(problem)
         if body is None:
             body = b""
         elif isinstance(body, str):
@@ -260,8 +318,8 @@ class Calls:
             raise ValueError("an identifier cannot contain NUL")
         self.prefix = "" if not schema else '"%s".' % schema.replace('"', '""')
         self.defaults = defaults
-        self.head = "SELECT %s FROM %sidem_claim(" % (", ".join(COLUMNS), self.prefix)
-        self.text_head = "SELECT %s FROM %sidem_claim_text(" % (", ".join(COLUMNS), self.prefix)
+        self.head = "SELECT %s FROM %sidem_claim(" % (SELECT_LIST, self.prefix)
+        self.text_head = "SELECT %s FROM %sidem_claim_text(" % (SELECT_LIST, self.prefix)
         # Whether a claim with no option but the tenant goes to
         # idem_claim_text (version 1.2: the same answer and records, the
         # request read from its text, four arguments all given): None until

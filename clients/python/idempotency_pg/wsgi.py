@@ -11,7 +11,7 @@
 
 import functools
 
-from ._adapter import MAX_BODY, call_arguments, parse
+from ._adapter import MAX_BODY, call_arguments, key_of, parse
 from .core import HttpError
 
 
@@ -37,7 +37,7 @@ def idempotent(idem, operation, external=False, max_body=MAX_BODY, **options):
 
             try:
                 text, body = parse(request.get_data(cache=False), max_body)
-                call = call_arguments(options, request, request.headers.get("Idempotency-Key"), text, body)
+                call = call_arguments(options, request, key_of(request.headers.getlist("Idempotency-Key")), text, body)
                 extra = {"request": request, "body": body, "args": args, "kwargs": kwargs}
                 if external:
                     response = idem.run_external(lambda ctx: handler({**ctx, **extra}),

@@ -152,3 +152,16 @@ class Wrapped:
 
     def json(self):
         return self.r.get_json(silent=True)
+
+
+def test_nesting_limit():
+    """Nesting beyond MAX_NESTING is 400 JSON_TOO_DEEP before json.loads,
+    whose recursion would end in RecursionError (a 500); to the limit it
+    parses, brackets inside strings not counted."""
+    from idempotency_pg._adapter import MAX_NESTING, parse
+
+    with pytest.raises(HttpError) as e:
+        parse(b"[" * 5000 + b"]" * 5000)
+    assert (e.value.status, e.value.error_code) == (400, "JSON_TOO_DEEP")
+    limit = b"[" * MAX_NESTING + b'"[[[\\"["' + b"]" * MAX_NESTING
+    assert parse(limit)[1] is not None

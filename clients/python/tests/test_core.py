@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conftest import in_use, payments_for
+from conftest import in_use, payments_for, psycopg2_pool, psycopg3_pool
 from idempotency_pg import HttpError, Idempotency, Result, RetryableError, answer
 from idempotency_pg.aio import AsyncIdempotency
 
@@ -138,7 +138,7 @@ def test_answer_maps_every_outcome():
     assert (r.status, code(r), r.header("Retry-After")) == (429, "IDEMPOTENCY_RATE_LIMITED", "3")
     r = answer({"outcome": "unknown", "http_status": 409, "error_code": "IDEMPOTENCY_OUTCOME_UNKNOWN"})
     assert (r.status, code(r)) == (409, "IDEMPOTENCY_OUTCOME_UNKNOWN")
-    r = answer({"outcome": "replay", "http_status": 200, "headers": {"X-A": "1"}, "body": {"a": 1},
+    r = answer({"outcome": "replay", "http_status": 200, "headers": {"X-A": "1"}, "body": "{\"a\": 1}",
                 "raw_body": None})
     assert (r.status, r.body, r.headers) == (200, b'{"a":1}', [("X-A", "1"), ("Idempotent-Replayed", "true")])
     with pytest.raises(ValueError):
@@ -539,3 +539,47 @@ def test_idem_claim_text_revoked_after_the_first_call_the_claim_goes_to_idem_cla
         finally:
             admin.execute("DROP OWNED BY %s" % role)
             admin.execute("DROP ROLE %s" % role)
+
+
+JSONB_BODY = '{"a": 1.10, "b": 12345678901234567890, "s": "x, y: z"}'
+JSONB_REPLAY = b'{"a":1.10,"b":12345678901234567890,"s":"x, y: z"}'
+
+
+def store_jsonb_body(db, op, key):
+    """A record completed with a jsonb body and no raw_body (as idem_complete
+    allows), by another client of the records."""
+    with db.transaction():
+        (token,) = db.execute("SELECT token FROM idem_claim(%s, %s)", (op, key)).fetchone()
+        db.execute("SELECT idem_complete(%s, 200, %s::jsonb)", (token, JSONB_BODY))
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2", "async"])
+def test_a_jsonb_body_is_replayed_as_its_text_compacted(db, op, driver):
+    """As every library replays it: numbers as written (1.10, not 1.1; a
+    big integer exact), whitespace inside strings kept."""
+    import asyncio
+
+    key = str(uuid.uuid4())
+    store_jsonb_body(db, op, key)
+    never = lambda *_: pytest.fail("must not run")  # noqa: E731
+    if driver == "async":
+        from psycopg_pool import AsyncConnectionPool
+
+        async def main():
+            pool = AsyncConnectionPool("", kwargs={"autocommit": True}, min_size=1, max_size=1)
+            await pool.open()
+            try:
+                r = await AsyncIdempotency(pool).run(never, key, None, operation=op)
+                await asyncio.sleep(0)
+                return r
+            finally:
+                await pool.close()
+
+        r = asyncio.run(main())
+    else:
+        p = psycopg3_pool() if driver == "psycopg" else psycopg2_pool()
+        try:
+            r = Idempotency(p).run(never, key, None, operation=op)
+        finally:
+            p.close() if driver == "psycopg" else p.closeall()
+    assert r.replayed and r.body == JSONB_REPLAY

@@ -66,7 +66,7 @@ public final class Idempotency {
             if (status < 100 || status > 599) {
                 throw new IllegalArgumentException("not an HTTP status: " + status);
             }
-            headers = headers == null ? List.of() : headers;
+            headers = checkedHeaders(headers);
             body = body == null ? new byte[0] : body;
         }
 
@@ -91,6 +91,91 @@ public final class Idempotency {
         Response response() {
             return new Response(status, headers, body, "proceed", false);
         }
+    }
+
+    /** An HTTP token (RFC 9110): what a header name may be. */
+    private static final java.util.regex.Pattern TOKEN = java.util.regex.Pattern.compile("[!#$%&'*+.^_`|~0-9A-Za-z-]+");
+
+    /**
+     * Why the strictest server (node:http) would refuse to send a header, or
+     * null when it sends it: a name that is not a token, a value with a
+     * character above U+00FF or a control character other than HTAB (CR and
+     * LF would split the answer; the JDK's server writes each char as one
+     * byte, so U+010D U+010A would be CR LF too).
+     */
+    public static String headerProblem(String name, String value) {
+        if (name == null || !TOKEN.matcher(name).matches()) {
+            return "invalid header name " + Json.write(name);
+        }
+        if (value == null) {
+            return "no value for header " + Json.write(name);
+        }
+        for (int k = 0; k < value.length(); k++) {
+            char c = value.charAt(k);
+            if (c != '\t' && (c < 0x20 || c == 0x7f || c > 0xff)) {
+                return "invalid character in the value of header " + Json.write(name);
+            }
+        }
+        return null;
+    }
+
+    /** A handler's header pairs, each checked before it is stored (IllegalArgumentException). */
+    static List<List<String>> checkedHeaders(List<List<String>> headers) {
+        if (headers == null) {
+            return List.of();
+        }
+        List<List<String>> pairs = new ArrayList<>(headers.size());
+        for (List<String> h : headers) {
+            if (h == null || h.size() != 2) {
+                throw new IllegalArgumentException("a header is a [name, value] pair: " + h);
+            }
+            String problem = headerProblem(h.get(0), h.get(1));
+            if (problem != null) {
+                throw new IllegalArgumentException(problem);
+            }
+            pairs.add(List.of(h.get(0), h.get(1)));
+        }
+        return List.copyOf(pairs);
+    }
+
+    /**
+     * A request body as JSON text, for an adapter that reads the body
+     * itself: UTF-8, or HttpError 400 INVALID_JSON (decoded with U+FFFD in
+     * place of its bad bytes, different bodies would be one request and
+     * fingerprint); nested deeper than Json.MAX_NESTING, 400 JSON_TOO_DEEP.
+     */
+    public static String bodyText(byte[] body) throws HttpError {
+        String text;
+        try {
+            text = StandardCharsets.UTF_8.newDecoder()
+                .onMalformedInput(java.nio.charset.CodingErrorAction.REPORT)
+                .onUnmappableCharacter(java.nio.charset.CodingErrorAction.REPORT)
+                .decode(java.nio.ByteBuffer.wrap(body)).toString();
+        } catch (java.nio.charset.CharacterCodingException e) {
+            throw new HttpError(400, "INVALID_JSON", "the body is not valid JSON");
+        }
+        if (Json.tooDeep(text, Json.MAX_NESTING)) {
+            throw new HttpError(400, "JSON_TOO_DEEP",
+                                "the body nests arrays and objects more than " + Json.MAX_NESTING + " deep");
+        }
+        return text;
+    }
+
+    /**
+     * The Idempotency-Key of a request from its header lines' values (null
+     * or none: missing).  The header holds one key: two lines, or a comma
+     * in the value (HTTP lets a proxy join two lines so), are HttpError 400
+     * IDEMPOTENCY_KEY_INVALID.
+     */
+    public static String headerKey(List<String> values) throws HttpError {
+        if (values == null || values.isEmpty()) {
+            return null;
+        }
+        if (values.size() > 1 || values.get(0).contains(",")) {
+            throw new HttpError(400, "IDEMPOTENCY_KEY_INVALID",
+                                "send one Idempotency-Key header, holding one key (no comma)");
+        }
+        return values.get(0);
     }
 
     /** A claim that proceeds: its key, token, attempt and recovery point. */
@@ -165,7 +250,7 @@ public final class Idempotency {
     }
 
     private static final Set<String> BAD_KEY = Set.of("22023", "22004");
-    private static final Set<String> BAD_REQUEST = Set.of("22P02", "22P05", "22003");
+    private static final Set<String> BAD_REQUEST = Set.of("22P02", "22P05", "22003", "22021");
     private static final Map<String, String> MESSAGES = Map.of(
         "in_progress", "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
         "mismatch", "this Idempotency-Key was used for a different request",
@@ -227,6 +312,18 @@ public final class Idempotency {
         }
     }
 
+    /**
+     * The HTTP answer to a row of idem_claim other than proceed, for a
+     * caller that runs the claim itself: headers and body as jsonb's text,
+     * rawBody the raw_body column.  IllegalStateException for a stored
+     * header no server may send.
+     */
+    public static Response answer(String outcome, Integer httpStatus, String headers, String body,
+                                  String errorCode, Integer retryAfter, byte[] rawBody) {
+        return answer(new Decision(outcome, null, null, null, httpStatus, headers, body, errorCode, retryAfter,
+                                   rawBody));
+    }
+
     /** The answer to a decision other than proceed. */
     @SuppressWarnings("unchecked")
     private static Response answer(Decision d) {
@@ -244,9 +341,17 @@ public final class Idempotency {
                         headers.add(List.of(e.getKey(), (String) e.getValue()));
                     }
                 }
+                // Stored by another client of the records: a header no
+                // server may send is never sent (the caller answers 500).
+                for (List<String> h : headers) {
+                    String problem = headerProblem(h.get(0), h.get(1));
+                    if (problem != null) {
+                        throw new IllegalStateException("the stored answer cannot be replayed: " + problem);
+                    }
+                }
                 headers.add(List.of("Idempotent-Replayed", "true"));
                 byte[] body = d.rawBody() != null ? d.rawBody()
-                    : d.body() != null ? d.body().getBytes(StandardCharsets.UTF_8) : new byte[0];
+                    : d.body() != null ? Json.compact(d.body()).getBytes(StandardCharsets.UTF_8) : new byte[0];
                 return new Response(d.httpStatus(), headers, body, "replay", true);
             }
             case "in_progress":
@@ -270,10 +375,19 @@ public final class Idempotency {
     private static Response refuse(SQLException e) {
         String message = e.getMessage() == null ? "" : e.getMessage().lines().findFirst().orElse("");
         message = message.startsWith("ERROR: ") ? message.substring(7) : message;
-        if (BAD_KEY.contains(e.getSQLState())) {
+        return refusal(e.getSQLState(), message);
+    }
+
+    /**
+     * The 400 answer to an error of the claim with this SQLSTATE when it is
+     * the client's input (a bad key, a request jsonb refuses), or null: an
+     * error that is not.
+     */
+    public static Response refusal(String sqlState, String message) {
+        if (BAD_KEY.contains(sqlState)) {
             return error(400, "IDEMPOTENCY_KEY_INVALID", message);
         }
-        if (BAD_REQUEST.contains(e.getSQLState())) {
+        if (BAD_REQUEST.contains(sqlState)) {
             return error(400, "INVALID_REQUEST", message);
         }
         return null;

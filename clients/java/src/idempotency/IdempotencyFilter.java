@@ -36,12 +36,24 @@ public final class IdempotencyFilter implements Filter {
     public static final String ATTEMPT = "idempotency.attempt";
     private static final int MAX_BODY = 1 << 20;
 
+    /** Checks of a request before the claim: an HttpError it throws is answered, and nothing is stored. */
+    public interface Check {
+        void check(HttpServletRequest request, String body) throws Idempotency.HttpError;
+    }
+
     private final Idempotency idem;
     private final String operation;
+    private final Check check;
 
     public IdempotencyFilter(Idempotency idem, String operation) {
+        this(idem, operation, null);
+    }
+
+    /** check runs before the claim (an HttpError it throws is answered, nothing stored); null: none. */
+    public IdempotencyFilter(Idempotency idem, String operation, Check check) {
         this.idem = idem;
         this.operation = operation;
+        this.check = check;
     }
 
     @Override
@@ -55,7 +67,7 @@ public final class IdempotencyFilter implements Filter {
             if (body.length > MAX_BODY) {
                 throw new Idempotency.HttpError(413, "BODY_TOO_LARGE", "the body is too large");
             }
-            String text = new String(body, StandardCharsets.UTF_8);
+            String text = Idempotency.bodyText(body);
             if (!text.isEmpty()) {
                 try {
                     Json.parse(text);
@@ -63,7 +75,11 @@ public final class IdempotencyFilter implements Filter {
                     throw new Idempotency.HttpError(400, "INVALID_JSON", "the body is not valid JSON");
                 }
             }
-            Idempotency.Call call = Idempotency.Call.of(operation, request.getHeader("Idempotency-Key"),
+            String key = Idempotency.headerKey(java.util.Collections.list(request.getHeaders("Idempotency-Key")));
+            if (check != null) {
+                check.check(request, text);
+            }
+            Idempotency.Call call = Idempotency.Call.of(operation, key,
                                                         text.isEmpty() ? null : text);
             answer = idem.run(call, (conn, attempt) -> {
                 Recorder recorder = new Recorder(response);

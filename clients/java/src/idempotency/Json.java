@@ -24,8 +24,65 @@ public final class Json {
         }
     }
 
+    /**
+     * How deep a body may nest arrays and objects (the outer one counts):
+     * the same limit in every library (clients/conformance.json).  The
+     * parser refuses deeper text too, rather than recurse until
+     * StackOverflowError.
+     */
+    public static final int MAX_NESTING = 512;
+
     private final String s;
     private int i;
+    private int depth;
+
+    /** JSON text without the whitespace outside its strings (how every library replays a jsonb body). */
+    public static String compact(String text) {
+        StringBuilder b = new StringBuilder(text.length());
+        boolean inString = false;
+        for (int k = 0; k < text.length(); k++) {
+            char c = text.charAt(k);
+            if (inString) {
+                if (c == '\\' && k + 1 < text.length()) {
+                    b.append(c);
+                    c = text.charAt(++k);
+                } else if (c == '"') {
+                    inString = false;
+                }
+            } else if (c == '"') {
+                inString = true;
+            } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+                continue;
+            }
+            b.append(c);
+        }
+        return b.toString();
+    }
+
+    /** Whether JSON text nests arrays and objects deeper than limit (brackets in strings not counted). */
+    public static boolean tooDeep(String text, int limit) {
+        int d = 0;
+        boolean inString = false;
+        for (int k = 0; k < text.length(); k++) {
+            char c = text.charAt(k);
+            if (inString) {
+                if (c == '\\') {
+                    k++;
+                } else if (c == '"') {
+                    inString = false;
+                }
+            } else if (c == '"') {
+                inString = true;
+            } else if (c == '[' || c == '{') {
+                if (++d > limit) {
+                    return true;
+                }
+            } else if (c == ']' || c == '}') {
+                d--;
+            }
+        }
+        return false;
+    }
 
     private Json(String s) {
         this.s = s;
@@ -83,31 +140,36 @@ public final class Json {
             throw bad("unexpected end");
         }
         char c = s.charAt(i);
+        if ((c == '{' || c == '[') && depth >= MAX_NESTING) {
+            throw bad("nested more than " + MAX_NESTING + " deep");
+        }
         if (c == '{') {
             i++;
+            depth++;
             Map<String, Object> m = new LinkedHashMap<>();
-            if (eat('}')) {
-                return m;
+            if (!eat('}')) {
+                do {
+                    space();
+                    String k = string();
+                    expect(':');
+                    m.put(k, value()); // the last of duplicate keys wins, as in jsonb
+                } while (eat(','));
+                expect('}');
             }
-            do {
-                space();
-                String k = string();
-                expect(':');
-                m.put(k, value()); // the last of duplicate keys wins, as in jsonb
-            } while (eat(','));
-            expect('}');
+            depth--;
             return m;
         }
         if (c == '[') {
             i++;
+            depth++;
             List<Object> l = new ArrayList<>();
-            if (eat(']')) {
-                return l;
+            if (!eat(']')) {
+                do {
+                    l.add(value());
+                } while (eat(','));
+                expect(']');
             }
-            do {
-                l.add(value());
-            } while (eat(','));
-            expect(']');
+            depth--;
             return l;
         }
         if (c == '"') {
