@@ -47,7 +47,7 @@ SHLIB_LINK += -lcrypto
 # Security: role isolation, least privilege, hostile input
 OBJS += src/security.o
 REGRESS += security role_identity
-ISOLATION += claim_roles token_probe wait_takeover
+ISOLATION += claim_roles role_rename token_probe wait_takeover
 
 # Background worker and maintenance passes
 OBJS += src/worker.o src/worker_status.o src/maintenance.o
