@@ -2,7 +2,8 @@
 # against a server whose worker expires leases and cleans up every 100ms:
 # claims in and out of transaction blocks, idem_claim_many, idem_inbox,
 # completions, failures, heartbeats, checkpoints, resolutions and the
-# maintenance passes over three keys, at every isolation level.  Never a
+# maintenance passes over three keys, at every isolation level, while the
+# application's role is renamed back and forth.  Never a
 # 23505, never two committed proceeds for one attempt, identical replays.
 #
 # A short run here; a long one before a change of the claim paths:
@@ -52,6 +53,8 @@ for my $invariant (
 ok($ok, 'the checker exits 0');
 like($stdout, qr/^ +committed proceeds +[1-9]/m, 'claims proceeded at all');
 like($stdout, qr/^ +idem_claim pay: replay +[1-9]/m, 'claims replayed at all');
+like($stdout, qr/^ +renames of the application's role +[1-9]/m,
+	'the application\'s role was renamed while it claimed');
 
 my $worker = $node->safe_psql('postgres',
 	'SELECT rows_expired > 0 OR rows_deleted > 0 FROM idem_worker_status()');

@@ -161,6 +161,7 @@ def main():
     print("seed %d, %d clients, %d keys, %g s, a cancel every %g s"
           % (seed, args.clients, args.keys, args.seconds, args.cancel_every))
     log = ci.Log()
+    ci.make_app_role(args.dsn)
     deadline = time.monotonic() + args.seconds
     clients = [Hostile(args.dsn, log, args.keys, deadline, seed + i)
                for i in range(args.clients)]

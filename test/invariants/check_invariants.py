@@ -9,7 +9,10 @@ transaction block with the completion in it, idem_claim outside a block
 the lease), idem_claim_many, idem_inbox, idem_replay, idem_resolve of
 unknown records, and idem_expire_leases / idem_cleanup besides the
 background worker; every transaction at a random isolation level, and some
-rolled back.  This program plays the service: a proceed is acted on at
+rolled back.  The clients act as one application role (SET ROLE), the
+owner of the records, which another connection renames back and forth all
+along: a record belongs to the role, not to its name, so a rename changes
+no answer.  This program plays the service: a proceed is acted on at
 once.  After the run it checks:
 
   1. no call of the extension raised unique_violation (23505): neither a
@@ -17,7 +20,8 @@ once.  After the run it checks:
   2. at most one committed proceed per attempt of a command, and attempt
      n+1 only after attempt n was left retryable (failed retryable, its
      lease ended under on_lease_expiry 'retry', or resolved retryable);
-     an inbox message proceeds at most once.  Operation 'pay' keeps its
+     an inbox message proceeds at most once, and a 'pay' key has one
+     record (a second is a second command).  Operation 'pay' keeps its
      records for a day, and the keys move on to a new set every few hundred
      requests, all clients together; operation 'brief' keeps its records
      for 100 ms, so that they expire, are purged and deleted while claims
@@ -48,6 +52,8 @@ import psycopg2
 import psycopg2.errorcodes
 
 TTL = {"pay": "1 day", "brief": "100 ms"}
+APP_ROLE = "idem_inv_app"
+APP_ROLE_RENAMED = "idem_inv_app_renamed"
 KEY_GENERATION = 300
 LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 RETRIABLE = {"40001", "40P01"}
@@ -113,6 +119,8 @@ class Client(threading.Thread):
         self.conn = psycopg2.connect(dsn)
         self.conn.autocommit = True
         self.cur = self.conn.cursor()
+        # by the role's OID from here on, whatever it is called later
+        self.cur.execute("SET ROLE " + APP_ROLE)
         self.log = log
         self.keys = keys
         self.deadline = deadline
@@ -357,6 +365,38 @@ class Client(threading.Thread):
         self.log.count("maintenance passes")
 
 
+def make_app_role(dsn):
+    """The application's role, owner of the records (an operator: it may
+    resolve and run the maintenance passes), with EXECUTE on every function."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    cur = conn.cursor()
+    cur.execute("DROP ROLE IF EXISTS %s" % APP_ROLE_RENAMED)
+    cur.execute("CREATE ROLE %s" % APP_ROLE)
+    cur.execute("ALTER TABLE idem_records OWNER TO %s" % APP_ROLE)
+    cur.execute("ALTER TABLE idem_records_archive OWNER TO %s" % APP_ROLE)
+    cur.execute("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO %s" % APP_ROLE)
+    conn.close()
+
+
+def rename_role(dsn, log, deadline, seed):
+    """Rename the application's role back and forth until the end, and
+    leave it with its first name."""
+    rng = random.Random(seed)
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    cur = conn.cursor()
+    names = [APP_ROLE, APP_ROLE_RENAMED]
+    while time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.005, 0.05))
+        cur.execute("ALTER ROLE %s RENAME TO %s" % (names[0], names[1]))
+        names.reverse()
+        log.count("renames of the application's role")
+    if names[0] != APP_ROLE:
+        cur.execute("ALTER ROLE %s RENAME TO %s" % (names[0], APP_ROLE))
+    conn.close()
+
+
 def check(log):
     """The invariants, as (name, list of counterexamples)."""
     results = []
@@ -371,10 +411,18 @@ def check(log):
                 (op, key, record_id, attempt - 1) not in log.retryable:
             early.append("%s %s record %s: attempt %d proceeded, attempt %d was not"
                          " left retryable" % (op, key, record_id, attempt, attempt - 1))
+    # a 'pay' key keeps its one record all run long: a second record of the
+    # key (under another name of the role, say) is a second command
+    records = {}
+    for (op, key, record_id, attempt) in log.proceeds:
+        if op == "pay":
+            records.setdefault(key, set()).add(record_id)
+    second = ["pay %s proceeded as records %s" % (key, sorted(ids))
+              for key, ids in sorted(records.items()) if len(ids) > 1]
     inbox = ["message %s proceeded %d times" % (m, n)
              for m, n in sorted(log.inbox.items()) if n > 1]
     results.append(("at most one committed proceed per attempt of a command",
-                    double + early + inbox))
+                    double + early + second + inbox))
 
     replays = []
     for (op, key, record_id), bodies in sorted(log.replays.items()):
@@ -410,13 +458,18 @@ def main():
     print("seed %d, %d clients, %d keys, %g s" % (seed, args.clients, args.keys, args.seconds))
 
     log = Log()
+    make_app_role(args.dsn)
     deadline = time.monotonic() + args.seconds
     clients = [Client(args.dsn, log, args.keys, deadline, seed + i)
                for i in range(args.clients)]
+    renamer = threading.Thread(target=rename_role, daemon=True,
+                               args=(args.dsn, log, deadline, seed - 1))
     for c in clients:
         c.start()
+    renamer.start()
     for c in clients:
         c.join()
+    renamer.join()
 
     return report(log)
 
