@@ -78,6 +78,9 @@ REGRESS += inbox claim_many
 ISOLATION += claim_many_keys claim_prepared
 ISOLATION += maintenance_skip_locked maintenance_late_commit expiry_races expiry_races_archive takeover_wait inbox_races isolation_claim_pending claim_many_cancel
 
+# Review reproducers (core-review): each fails on the code it was written against
+REGRESS += review_role_text review_caller_rename
+
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
