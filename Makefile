@@ -46,7 +46,7 @@ SHLIB_LINK += -lcrypto
 
 # Security: role isolation, least privilege, hostile input
 OBJS += src/security.o
-REGRESS += security role_identity
+REGRESS += security role_identity role_column_text caller_names_role
 ISOLATION += claim_roles role_rename token_probe wait_takeover
 
 # Background worker and maintenance passes
@@ -78,8 +78,6 @@ REGRESS += inbox claim_many
 ISOLATION += claim_many_keys claim_prepared
 ISOLATION += maintenance_skip_locked maintenance_late_commit expiry_races expiry_races_archive takeover_wait inbox_races isolation_claim_pending claim_many_cancel
 
-# Review reproducers (core-review): each fails on the code it was written against
-REGRESS += review_role_text review_caller_rename
 
 
 PG_CONFIG ?= pg_config

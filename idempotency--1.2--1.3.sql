@@ -21,8 +21,10 @@
 --
 -- The caller of a record that its role made without naming another caller
 -- was that role's name too; it is the empty string now, which no call can
--- pass (a caller must not be empty), and a call that names its own role as
--- caller means the same (src/security.c, idem_scope_caller).
+-- pass (a caller must not be empty).  The functions' caller defaults to
+-- NULL, the role itself, instead of current_user; a caller that names the
+-- calling role is refused (22023), since after a rename the same text would
+-- name another caller (src/security.c, idem_scope_caller).
 --
 -- A record whose name matches no role when this script runs is kept,
 -- matched by no role (role NULL), its name in former_role, and listed to
@@ -67,6 +69,79 @@ COMMENT ON COLUMN idem_records.caller IS
     'Who called within the role: empty when the role called for itself.';
 COMMENT ON COLUMN idem_records.former_role IS
     'The name the role column held before 1.3, for a record whose name matched no role then; NULL otherwise.';
+
+--
+-- caller DEFAULT NULL: the role itself.  CREATE OR REPLACE keeps each
+-- function's privileges and pg_init_privs.
+--
+CREATE OR REPLACE FUNCTION idem_claim(
+    operation       text,
+    key             text,
+    request         jsonb DEFAULT NULL,
+    tenant          text DEFAULT '',
+    caller          text DEFAULT NULL,
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    wait            interval DEFAULT NULL,
+    on_lease_expiry text DEFAULT 'unknown',
+    on_expired      text DEFAULT 'reject')
+    RETURNS idem_decision
+    AS 'MODULE_PATHNAME', 'idem_claim'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE OR REPLACE FUNCTION idem_claim_many(
+    operation       text,
+    keys            text[],
+    requests        jsonb[] DEFAULT NULL,
+    tenant          text DEFAULT '',
+    caller          text DEFAULT NULL,
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    wait            interval DEFAULT NULL,
+    on_lease_expiry text DEFAULT 'unknown',
+    on_expired      text DEFAULT 'reject')
+    RETURNS TABLE (
+        key            text,
+        outcome        text,
+        token          text,
+        record_id      bigint,
+        state          idem_state,
+        attempt        integer,
+        recovery_point text,
+        http_status    integer,
+        headers        jsonb,
+        body           jsonb,
+        error_code     text,
+        retry_after    integer,
+        resource_id    text,
+        raw_body       bytea)
+    AS 'MODULE_PATHNAME', 'idem_claim_many'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+
+CREATE OR REPLACE FUNCTION idem_replay(
+    operation text,
+    key       text,
+    tenant    text DEFAULT '',
+    caller    text DEFAULT NULL)
+    RETURNS SETOF idem_decision
+    AS 'MODULE_PATHNAME', 'idem_replay'
+    LANGUAGE C STABLE PARALLEL RESTRICTED ROWS 1;
+
+--
+-- pg_dump writes a record's role by its name, and the restore finds the
+-- role of that name, whatever its OID there.  A dropped role has no name:
+-- its number would be written, and a restore would give the records to
+-- whichever role has that number in the restoring cluster.  Records of a
+-- dropped role are not dumped: no role can reach them (they are listed by
+-- idem_records_without_role() until cleanup deletes them).  Records of no
+-- role (role NULL, former_role set) are dumped.
+--
+SELECT pg_catalog.pg_extension_config_dump('idem_records',
+    'WHERE role IS NULL OR EXISTS (SELECT FROM pg_catalog.pg_roles AS a'
+    || ' WHERE a.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)');
+SELECT pg_catalog.pg_extension_config_dump('idem_records_archive',
+    'WHERE role IS NULL OR EXISTS (SELECT FROM pg_catalog.pg_roles AS a'
+    || ' WHERE a.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)');
 
 --
 -- The records no role can reach any more: those whose name matched no role

@@ -22,9 +22,12 @@ SET ROLE regress_rid_app_v2;
 SELECT outcome, http_status, body FROM idem_claim('rid.pay', 'k-rename', '{"amount": 5}');
 SELECT outcome, http_status, body FROM idem_claim_text('rid.pay', 'k-rename', '{"amount": 5}');
 SELECT outcome, body FROM idem_replay('rid.pay', 'k-rename');
--- naming itself as caller, by its new name, is the default caller
+-- the role itself is no caller, or NULL; a caller naming the role is
+-- refused, since a rename would change what it names ...
+SELECT outcome FROM idem_claim('rid.pay', 'k-rename', '{"amount": 5}', caller => NULL);
 SELECT outcome FROM idem_claim('rid.pay', 'k-rename', '{"amount": 5}', caller => 'regress_rid_app_v2');
--- ... its old name is just another caller now
+SELECT outcome FROM idem_replay('rid.pay', 'k-rename', caller => 'regress_rid_app_v2');
+-- ... and its old name is just another caller now
 SELECT outcome FROM idem_claim('rid.pay', 'k-rename', '{"amount": 5}', caller => 'regress_rid_app');
 -- the token of the attempt that ran across the rename still completes it
 SELECT idem_complete(:'running_token', 201, '{"charge": "ch_2"}');

@@ -87,6 +87,7 @@ static Oid	enum_label_oid(Oid type, const char *label);
 static void scope_index_columns(IdemCatalog *fresh, Oid nsp);
 static bool read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable);
 static void check_column_types(const IdemCatalog *fresh);
+static bool extension_version_at_least(Oid ext, int major, int minor);
 static Oid	id_index(const IdemCatalog *fresh);
 static bool serves_id(HeapTuple index_tuple, AttrNumber id_attnum);
 static Oid	index_access_method(Oid index_oid);
@@ -227,10 +228,13 @@ look_up(IdemCatalog *fresh)
 											CStringGetDatum("idem_records_guard"),
 											PointerGetDatum(buildoidvector(NULL, 0)),
 											ObjectIdGetDatum(nsp));
-	/* 1.3 made role a regrole: what the rest reads depends on it */
-	fresh->role_is_oid =
-		get_atttype(fresh->table_oid,
-					get_attnum(fresh->table_oid, "role")) == REGROLEOID;
+	/*
+	 * 1.3 made role a regrole: what the rest reads depends on it.  Taken
+	 * from the version installed, not from the column, so that a role
+	 * column of 1.3 changed back to text is refused (check_column_types)
+	 * rather than served as 1.2's, whose callers differ.
+	 */
+	fresh->role_is_oid = extension_version_at_least(ext, 1, 3);
 	fresh->records_as_created = records_as_created(fresh);
 	fresh->state_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
 										CStringGetDatum("idem_state"),
@@ -475,6 +479,40 @@ check_column_types(const IdemCatalog *fresh)
 				 errdetail("The idempotency extension reads and writes it as %s.",
 						   format_type_be(wants)),
 				 errhint("Change its type back with ALTER TABLE ... ALTER COLUMN ... TYPE.")));
+}
+
+/*
+ * Whether the SQL version of the extension installed (pg_extension's
+ * extversion, "major.minor") is at least major.minor.
+ */
+static bool
+extension_version_at_least(Oid ext, int major, int minor)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	int			has_major = 0;
+	int			has_minor = 0;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(ext));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		bool		isnull;
+		Datum		version = heap_getattr(tuple, Anum_pg_extension_extversion,
+										   RelationGetDescr(rel), &isnull);
+
+		if (!isnull &&
+			sscanf(TextDatumGetCString(version), "%d.%d", &has_major, &has_minor) != 2)
+			has_major = has_minor = 0;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return has_major > major || (has_major == major && has_minor >= minor);
 }
 
 /*

@@ -124,6 +124,7 @@ typedef struct ClaimRequest
 } ClaimRequest;
 
 static void claim_key(const ClaimRequest *req, IdemAnswer *answer);
+static text *read_caller(FunctionCallInfo fcinfo, int caller_arg);
 static Datum claim_text_fingerprinted(FunctionCallInfo fcinfo,
 									  const uint8 *fingerprint);
 static void answer_from_record(IdemAnswer *answer, IdemOutcome outcome,
@@ -307,15 +308,12 @@ idem_claim_many(PG_FUNCTION_ARGS)
 
 	idem_require_arg(fcinfo, 0, "operation");
 	idem_require_arg(fcinfo, 3, "tenant");
-	idem_require_arg(fcinfo, 4, "caller");
 	req.scope.role = idem_calling_role();
 	req.scope.operation = PG_GETARG_TEXT_PP(0);
 	req.scope.tenant = PG_GETARG_TEXT_PP(3);
-	req.scope.caller = PG_GETARG_TEXT_PP(4);
 	idem_check_name(req.scope.operation, "operation", false);
 	idem_check_name(req.scope.tenant, "tenant", true);
-	idem_check_name(req.scope.caller, "caller", false);
-	req.scope.caller = idem_scope_caller(req.scope.caller);
+	req.scope.caller = read_caller(fcinfo, 4);
 
 	keys = item_array(fcinfo, 1, "keys", TEXTOID, &nkeys);
 	if (!PG_ARGISNULL(2))
@@ -1006,7 +1004,7 @@ sleep_until(TimestampTz until, int *step_ms)
 
 /*
  * Read and check the scope and key from the given arguments; caller_arg -1
- * means the calling role, as the caller argument's default current_user.
+ * means the calling role itself (a function without a caller argument).
  */
 static void
 read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
@@ -1015,19 +1013,33 @@ read_scope(FunctionCallInfo fcinfo, int operation_arg, int key_arg,
 	idem_require_arg(fcinfo, operation_arg, "operation");
 	idem_require_arg(fcinfo, key_arg, "key");
 	idem_require_arg(fcinfo, tenant_arg, "tenant");
-	if (caller_arg >= 0)
-		idem_require_arg(fcinfo, caller_arg, "caller");
 	scope->role = idem_calling_role();
 	scope->operation = PG_GETARG_TEXT_PP(operation_arg);
 	scope->key = PG_GETARG_TEXT_PP(key_arg);
 	scope->tenant = PG_GETARG_TEXT_PP(tenant_arg);
-	scope->caller = caller_arg >= 0 ? PG_GETARG_TEXT_PP(caller_arg) : NULL;
 	idem_check_name(scope->operation, "operation", false);
 	idem_check_key(scope->key);
 	idem_check_name(scope->tenant, "tenant", true);
-	if (scope->caller != NULL)
-		idem_check_name(scope->caller, "caller", false);
-	scope->caller = idem_scope_caller(scope->caller);
+	scope->caller = caller_arg >= 0 ? read_caller(fcinfo, caller_arg) :
+		idem_scope_caller(NULL);
+}
+
+/*
+ * The caller a call's scope stores, from its caller argument: from 1.3 on
+ * NULL (the argument's default) is the role itself; before, the default
+ * was current_user and NULL is refused as any other NULL argument.
+ */
+static text *
+read_caller(FunctionCallInfo fcinfo, int caller_arg)
+{
+	text	   *caller;
+
+	if (PG_ARGISNULL(caller_arg) && idem_catalog()->role_is_oid)
+		return idem_scope_caller(NULL);
+	idem_require_arg(fcinfo, caller_arg, "caller");
+	caller = PG_GETARG_TEXT_PP(caller_arg);
+	idem_check_name(caller, "caller", false);
+	return idem_scope_caller(caller);
 }
 
 /*

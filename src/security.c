@@ -155,30 +155,39 @@ idem_role_column_role(Datum value)
 }
 
 /*
- * The caller a call's scope stores, given the caller it names (NULL for a
- * function that takes none).  Until 1.2 a record that its role made for
- * itself had the role's name as its caller, the default of the functions'
- * caller argument (current_user): a rename changed the caller of every new
- * call, and the key proceeded again.  From 1.3 such a record's caller is
- * the empty string, which no call can name (a caller must not be empty):
- * the default, and a call that names its own role's current name, mean
- * the role itself, whatever it is called.  Under older SQL, the name.
- * Must be called before idem_become_owner.
+ * The caller a call's scope stores, given the caller it names (NULL: none,
+ * the role itself).  Until 1.2 a record that its role made for itself had
+ * the role's name as its caller, the default of the functions' caller
+ * argument (current_user): a rename changed the caller of every new call,
+ * and the key proceeded again.  From 1.3 the role itself is the empty
+ * string, which no call can name (a caller must not be empty), and a
+ * caller that names the calling role is refused: the same text would name
+ * another caller once the role is renamed, or be the role itself once a
+ * role is renamed to it.  Under older SQL, the name, as before.  Must be
+ * called before idem_become_owner.
  */
 text *
 idem_scope_caller(text *caller)
 {
-	text	   *name = role_name_of(idem_calling_role());
+	text	   *name;
 	bool		is_role;
 
 	if (!idem_catalog()->role_is_oid)
-		return caller != NULL ? caller : name;
-	is_role = caller == NULL ||
-		(VARSIZE_ANY_EXHDR(caller) == VARSIZE_ANY_EXHDR(name) &&
-		 memcmp(VARDATA_ANY(caller), VARDATA_ANY(name),
-				VARSIZE_ANY_EXHDR(name)) == 0);
+		return caller != NULL ? caller : role_name_of(idem_calling_role());
+	if (caller == NULL)
+		return cstring_to_text("");
+	name = role_name_of(idem_calling_role());
+	is_role = VARSIZE_ANY_EXHDR(caller) == VARSIZE_ANY_EXHDR(name) &&
+		memcmp(VARDATA_ANY(caller), VARDATA_ANY(name),
+			   VARSIZE_ANY_EXHDR(name)) == 0;
 	pfree(name);
-	return is_role ? cstring_to_text("") : caller;
+	if (is_role)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("caller must not name the calling role"),
+				 errdetail("A role's own records are its default scope; a caller names someone calling within the role."),
+				 errhint("Pass no caller (or NULL) for the role itself.")));
+	return caller;
 }
 
 /* A syscache callback: pg_authid changed, the name kept may be stale. */
