@@ -29,6 +29,7 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
@@ -223,6 +224,7 @@ look_up(IdemCatalog *fresh)
 	 * transaction uses it.
 	 */
 	LockRelationOid(fresh->table_oid, AccessShareLock);
+	idem_refuse_citus_table(fresh->table_oid);
 
 	fresh->guard_function = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
 											CStringGetDatum("idem_records_guard"),
@@ -479,6 +481,46 @@ check_column_types(const IdemCatalog *fresh)
 				 errdetail("The idempotency extension reads and writes it as %s.",
 						   format_type_be(wants)),
 				 errhint("Change its type back with ALTER TABLE ... ALTER COLUMN ... TYPE.")));
+}
+
+/*
+ * Refuse idem_records when it is a Citus table (distributed, reference, or
+ * the shell Citus keeps of one on a node): the functions write the table's
+ * heap directly, through none of the hooks by which Citus routes writes to
+ * shards, so a record would land in this node's local relation, unseen by
+ * a claim of the same key that Citus runs elsewhere.  Citus keeps its
+ * tables in pg_dist_partition, in pg_catalog where it is installed.
+ */
+void
+idem_refuse_citus_table(Oid relid)
+{
+	Oid			dist = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	AttrNumber	logicalrelid;
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	bool		distributed;
+
+	if (!OidIsValid(dist))
+		return;
+	logicalrelid = get_attnum(dist, "logicalrelid");
+	if (logicalrelid == InvalidAttrNumber)
+		return;
+	rel = table_open(dist, AccessShareLock);
+	ScanKeyInit(&key, logicalrelid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(relid));
+	scan = systable_beginscan(rel, InvalidOid, false, NULL, 1, &key);
+	distributed = HeapTupleIsValid(systable_getnext(scan));
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	if (distributed)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s\" of extension \"%s\" is a Citus table",
+						IDEM_RECORDS_TABLE, IDEM_EXTENSION_NAME),
+				 errdetail("The idempotency functions write this node's own table, which Citus neither routes nor sees: a claim here would miss a record of the same key on another node."),
+				 errhint("Keep %s an ordinary table on every node, distribute the business tables, and run claims on the tenant's node through delegated functions (docs/scaling.md).",
+						 IDEM_RECORDS_TABLE)));
 }
 
 /*

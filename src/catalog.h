@@ -50,6 +50,7 @@ typedef struct IdemCatalog
 
 extern const IdemCatalog *idem_catalog(void);
 extern Oid	idem_extension_schema(Oid ext);
+extern void idem_refuse_citus_table(Oid relid);
 extern IdemState idem_state_from_oid(const IdemCatalog *cat, Oid value);
 extern IdemLeasePolicy idem_policy_from_oid(const IdemCatalog *cat, Oid value);
 

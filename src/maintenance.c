@@ -183,12 +183,13 @@ static char *plans_nspname = NULL;
 static bool plans_tombstones = false;	/* table has the 1.1 columns */
 static bool plans_archive = false;	/* plans copy rows to the archive */
 static bool plans_archive_missing = false;	/* archive wanted, table gone */
+static bool plans_former_role = false;	/* both tables have 1.3's column */
 
 static void free_pass_plans(PassPlans *pp);
 static void prepare_pass_plans(PassPlans *pp, const char *action,
 							   const char *selection, const char *one_ids,
 							   const char *kept, const char *archive);
-static char *archive_cte(const char *nsp);
+static char *archive_cte(const char *nsp, bool former_role);
 static char *holds_response(const char *alias);
 static SPIPlanPtr prepare_kept_plan(const char *query);
 static TimestampTz pass_cutoff(IdemPass pass, TimestampTz now);
@@ -266,6 +267,7 @@ idem_maintenance_forget(void)
 	plans_tombstones = false;
 	plans_archive = false;
 	plans_archive_missing = false;
+	plans_former_role = false;
 	plans_extoid = InvalidOid;
 	plans_nspoid = InvalidOid;
 	if (plans_nspname != NULL)
@@ -291,6 +293,7 @@ idem_maintenance_prepare(Oid extoid)
 	bool		tombstones;
 	bool		archive;
 	bool		archive_missing;
+	bool		former_role;
 	Oid			tableoid;
 	int			i;
 	const char *archive_sql = NULL;
@@ -310,12 +313,21 @@ idem_maintenance_prepare(Oid extoid)
 	archive = tombstones && idem_cleanup_action == IDEM_CLEANUP_ARCHIVE &&
 		OidIsValid(get_relname_relid(IDEM_ARCHIVE_TABLE, nspoid));
 	archive_missing = idem_cleanup_action == IDEM_CLEANUP_ARCHIVE && !archive;
+	/* 1.3 adds former_role to both: a copy takes it where both have it */
+	former_role = archive &&
+		get_attnum(tableoid, "former_role") != InvalidAttrNumber &&
+		get_attnum(get_relname_relid(IDEM_ARCHIVE_TABLE, nspoid),
+				   "former_role") != InvalidAttrNumber;
+	/* a write Citus would not see is refused before any (catalog.c) */
+	if (OidIsValid(tableoid))
+		idem_refuse_citus_table(tableoid);
 
 	if (plans[IDEM_PASS_LEASES].batch != NULL && extoid == plans_extoid &&
 		nspoid == plans_nspoid && nspname != NULL &&
 		strcmp(nspname, plans_nspname) == 0 &&
 		tombstones == plans_tombstones && archive == plans_archive &&
-		archive_missing == plans_archive_missing)
+		archive_missing == plans_archive_missing &&
+		former_role == plans_former_role)
 		return;
 
 	idem_maintenance_forget();
@@ -325,7 +337,7 @@ idem_maintenance_prepare(Oid extoid)
 	nsp = quote_identifier(nspname);
 	memset(built, 0, sizeof(built));
 	if (archive)
-		archive_sql = archive_cte(nsp);
+		archive_sql = archive_cte(nsp, former_role);
 
 	/*
 	 * Every operator is schema-qualified: the worker runs as a superuser, so
@@ -422,6 +434,7 @@ idem_maintenance_prepare(Oid extoid)
 	plans_tombstones = tombstones;
 	plans_archive = archive;
 	plans_archive_missing = archive_missing;
+	plans_former_role = former_role;
 	plans_extoid = extoid;
 	plans_nspoid = nspoid;
 	plans_nspname = MemoryContextStrdup(TopMemoryContext, nspname);
@@ -493,9 +506,9 @@ holds_response(const char *alias)
  * named: columns of the user's own on idem_records are not archived.
  */
 static char *
-archive_cte(const char *nsp)
+archive_cte(const char *nsp, bool former_role)
 {
-	const char *columns = idem_catalog()->role_is_oid ?
+	const char *columns = former_role ?
 		IDEM_ARCHIVE_COLUMNS_1_3 : IDEM_ARCHIVE_COLUMNS;
 
 	return psprintf(
