@@ -120,7 +120,7 @@ func TestConformanceSQLStates(t *testing.T) {
 func TestConformanceHeaderValues(t *testing.T) {
 	for _, row := range readFixture(t).HeaderValues.Rows {
 		pair := [2]string{row.Name, row.Value}
-		_, args, err := finishSQL("token", Result{Status: 200, Headers: [][2]string{pair}})
+		_, args, err := (calls{}).finish("token", Result{Status: 200, Headers: [][2]string{pair}})
 		stored := err == nil
 		if stored {
 			var back [][2]string

@@ -5,9 +5,15 @@
 // The core call is Pgx.Run (or SQL.Run): operation, key and request in; the
 // handler runs inside the claim's transaction, on its connection; the HTTP
 // answer (status, header pairs, body) out, every outcome of idem_claim
-// mapped as the README's table says.  Pgx.RunExternal is the form for a side
-// effect outside the database: the claim commits with a lease that is
-// extended while the handler runs, then the outcome commits.
+// mapped as the README's table says.  Pgx.RunExternal (or SQL.RunExternal)
+// is the form for a side effect outside the database: the claim commits
+// with a lease that is extended while the handler runs, then the outcome
+// commits.
+//
+// A claim with no option but the tenant goes to idem_claim_text (1.2) where
+// the server offers it to the role, asked once per pool and schema at the
+// first call; else, and with any other option, to idem_claim.  Schema
+// qualifies every call, for an extension off the search_path.
 //
 // Round trips over pgx: a new key takes three (BEGIN and the claim in one
 // batch, the handler's statements, the completion and COMMIT in one batch);
@@ -24,6 +30,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -274,14 +282,104 @@ func interval(d time.Duration) string {
 	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
 }
 
-// claimSQL is the SELECT of idem_claim for a call, and its arguments.
-func claimSQL(c Call) (string, []interface{}) {
+// What the server was found to offer: whether claims can go to
+// idem_claim_text.
+const (
+	claimTextUnknown int32 = iota // not asked yet, or the question failed
+	claimTextYes
+	claimTextNo
+)
+
+// textState is what a runner learned of idem_claim_text, shared by every
+// copy of the runner (Pgx and SQL are values): asked once, at the first
+// call, then kept.
+type textState struct{ v int32 }
+
+func (s *textState) get() int32  { return atomic.LoadInt32(&s.v) }
+func (s *textState) set(v int32) { atomic.StoreInt32(&s.v, v) }
+
+// textStates: a runner's pool (or DB) and schema -> its *textState.
+var textStates sync.Map
+
+type textKey struct {
+	pool   interface{}
+	schema string
+}
+
+// calls is the SQL of a runner's statements: the schema that qualifies
+// every function ("" for the search_path's), and what was learned of
+// idem_claim_text.
+type calls struct {
+	prefix    string
+	err       error // the schema's name cannot be sent
+	claimText *textState
+}
+
+func callsOf(pool interface{}, schema string) calls {
+	if strings.IndexByte(schema, 0) >= 0 {
+		return calls{err: fmt.Errorf("idem: the schema %q cannot be a name: it contains NUL", schema)}
+	}
+	k := calls{}
+	if schema != "" {
+		k.prefix = `"` + strings.ReplaceAll(schema, `"`, `""`) + `".`
+	}
+	key := textKey{pool, schema}
+	s, ok := textStates.Load(key)
+	if !ok {
+		s, _ = textStates.LoadOrStore(key, &textState{})
+	}
+	k.claimText = s.(*textState)
+	return k
+}
+
+// learnSQL asks whether idem_claim_text is there for this role: an
+// extension before 1.2 has none, and the role needs EXECUTE on it.
+const learnSQL = "SELECT coalesce(has_function_privilege(to_regprocedure($1), 'EXECUTE'), false)"
+
+func (k calls) learnArg() string { return k.prefix + "idem_claim_text(text, text, text, text)" }
+
+// learn asks the server once (query runs learnSQL); an error leaves it
+// unknown, asked again at the next call, the claim going to idem_claim
+// meanwhile.
+func (k calls) learn(query func(sql, arg string) (bool, error)) {
+	if k.claimText.get() != claimTextUnknown {
+		return
+	}
+	usable, err := query(learnSQL, k.learnArg())
+	switch {
+	case err != nil:
+	case usable:
+		k.claimText.set(claimTextYes)
+	default:
+		k.claimText.set(claimTextNo)
+	}
+}
+
+// refused is whether err is idem_claim_text refusing a claim the server
+// said it would take (EXECUTE revoked since: 42501; the function gone:
+// 42883).  From then on, claims go to idem_claim.
+func (k calls) refused(text bool, err error) bool {
+	if s := sqlState(err); text && (s == "42501" || s == "42883") {
+		k.claimText.set(claimTextNo)
+		return true
+	}
+	return false
+}
+
+// claim is the SELECT of the claim for a call, its arguments, and whether
+// it goes to idem_claim_text: a call with no option but the tenant, where
+// the server offers it (the same answer and records as idem_claim, the
+// request read from its text; four arguments, all given).
+func (k calls) claim(c Call) (string, []interface{}, bool) {
 	var request interface{}
 	if c.Request != nil {
 		request = string(c.Request)
 	}
-	sql := "SELECT " + columns + " FROM idem_claim($1, $2, $3::jsonb, tenant => $4"
 	args := []interface{}{c.Operation, *c.Key, request, c.Tenant}
+	if k.claimText.get() == claimTextYes && c.Lease <= 0 && c.Wait <= 0 && c.OnLeaseExpiry == "" {
+		return "SELECT " + columns + " FROM " + k.prefix + "idem_claim_text($1, $2, $3, $4)", args, true
+	}
+	sql := "SELECT " + columns + " FROM " + k.prefix + "idem_claim($1, $2, $3::jsonb, tenant => $4"
 	opt := func(name, cast string, v interface{}) {
 		args = append(args, v)
 		sql += fmt.Sprintf(", %s => $%d%s", name, len(args), cast)
@@ -295,7 +393,7 @@ func claimSQL(c Call) (string, []interface{}) {
 	if c.OnLeaseExpiry != "" {
 		opt("on_lease_expiry", "", c.OnLeaseExpiry)
 	}
-	return sql + ")", args
+	return sql + ")", args, false
 }
 
 // headerProblem is why the strictest server (node:http) would refuse to
@@ -321,9 +419,9 @@ func headerProblem(name, value string) string {
 	return ""
 }
 
-// finishSQL is idem_complete (or idem_fail) of a Result, and its arguments.
+// finish is idem_complete (or idem_fail) of a Result, and its arguments.
 // A header no server may send is an error before anything is stored.
-func finishSQL(token string, r Result) (string, []interface{}, error) {
+func (k calls) finish(token string, r Result) (string, []interface{}, error) {
 	if r.Status < 100 || r.Status > 599 {
 		return "", nil, fmt.Errorf("not an HTTP status: %d", r.Status)
 	}
@@ -344,14 +442,14 @@ func finishSQL(token string, r Result) (string, []interface{}, error) {
 		body = []byte{}
 	}
 	if r.Failed || r.Retryable {
-		return `SELECT idem_fail($1, $2, headers => $3::jsonb, raw_body => $4, retryable => $5)`,
+		return "SELECT " + k.prefix + "idem_fail($1, $2, headers => $3::jsonb, raw_body => $4, retryable => $5)",
 			[]interface{}{token, r.Status, string(headers), body, r.Retryable}, nil
 	}
 	var resource interface{}
 	if r.ResourceID != "" {
 		resource = r.ResourceID
 	}
-	return `SELECT idem_complete($1, $2, headers => $3::jsonb, raw_body => $4, resource_id => $5)`,
+	return "SELECT " + k.prefix + "idem_complete($1, $2, headers => $3::jsonb, raw_body => $4, resource_id => $5)",
 		[]interface{}{token, r.Status, string(headers), body, resource}, nil
 }
 
@@ -362,12 +460,31 @@ func (r Result) response() Response {
 // Pgx runs calls over a pgxpool.Pool.
 type Pgx struct {
 	Pool *pgxpool.Pool
+	// Schema is the extension's schema when it is not on the connections'
+	// search_path: every function is called qualified by it
+	// ("schema".idem_claim(...)).  "" calls them unqualified.
+	Schema string
+}
+
+func (p Pgx) calls() calls { return callsOf(p.Pool, p.Schema) }
+
+func (p Pgx) learn(ctx context.Context, k calls) {
+	k.learn(func(sql, arg string) (usable bool, err error) {
+		err = p.Pool.QueryRow(ctx, sql, arg).Scan(&usable)
+		return
+	})
 }
 
 // Run is one transaction.  handler runs only for a new key (or a new
 // attempt), inside the claim's transaction, on its connection.  When it
 // returns an error, everything rolls back and the error is returned (an
 // *Error is answered by the middleware): a retry proceeds.
+//
+// A call with no option but Tenant goes to idem_claim_text where the
+// server offers it (asked once, at the first call), else to idem_claim.
+// Should idem_claim_text refuse it later (EXECUTE revoked, the function
+// gone), the claim is rolled back and sent to idem_claim, as every later
+// one is.
 //
 // An answer other than proceed is returned as soon as the claim's row
 // arrives: the claim's transaction commits behind it, and its connection
@@ -381,7 +498,11 @@ func (p Pgx) Run(ctx context.Context, c Call,
 	if bad := checkKey(c); bad != nil {
 		return *bad, nil
 	}
-	sql, args := claimSQL(c)
+	k := p.calls()
+	if k.err != nil {
+		return Response{}, k.err
+	}
+	p.learn(ctx, k)
 	conn, err := p.Pool.Acquire(ctx)
 	if err != nil {
 		return Response{}, err
@@ -392,19 +513,30 @@ func (p Pgx) Run(ctx context.Context, c Call,
 			end(conn, "ROLLBACK")
 		}
 	}()
-	batch := &pgx.Batch{}
-	batch.Queue("BEGIN")
-	batch.Queue(sql, args...)
-	results := conn.SendBatch(ctx, batch)
 	var d decision
-	_, err = results.Exec()
-	if err == nil {
-		err = results.QueryRow().Scan(d.targets()...)
-	}
-	if cerr := results.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	for {
+		sql, args, text := k.claim(c)
+		batch := &pgx.Batch{}
+		batch.Queue("BEGIN")
+		batch.Queue(sql, args...)
+		results := conn.SendBatch(ctx, batch)
+		_, err = results.Exec()
+		if err == nil {
+			err = results.QueryRow().Scan(d.targets()...)
+		}
+		if cerr := results.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			break
+		}
+		if k.refused(text, err) {
+			// nothing was written: rolled back, and sent to idem_claim
+			if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+				return Response{}, err
+			}
+			continue
+		}
 		if r := refuse(err); r != nil {
 			return *r, nil
 		}
@@ -426,14 +558,14 @@ func (p Pgx) Run(ctx context.Context, c Call,
 	if err != nil {
 		return Response{}, err
 	}
-	fsql, fargs, err := finishSQL(*d.Token, result)
+	fsql, fargs, err := k.finish(*d.Token, result)
 	if err != nil {
 		return Response{}, err
 	}
-	batch = &pgx.Batch{}
+	batch := &pgx.Batch{}
 	batch.Queue(fsql, fargs...)
 	batch.Queue("COMMIT")
-	results = conn.SendBatch(ctx, batch)
+	results := conn.SendBatch(ctx, batch)
 	_, err = results.Exec()
 	if err == nil {
 		_, err = results.Exec()
@@ -462,23 +594,43 @@ func end(conn *pgxpool.Conn, sql string) {
 	conn.Release()
 }
 
+// statements runs the external-call form's statements, each in a
+// transaction of its own: over a pgxpool.Pool or a *sql.DB.
+type statements interface {
+	exec(ctx context.Context, sql string, args ...interface{}) error
+	queryRow(ctx context.Context, sql string, args ...interface{}) interface{ Scan(...interface{}) error }
+}
+
+type pgxStatements struct{ pool *pgxpool.Pool }
+
+func (s pgxStatements) exec(ctx context.Context, sql string, args ...interface{}) error {
+	_, err := s.pool.Exec(ctx, sql, args...)
+	return err
+}
+
+func (s pgxStatements) queryRow(ctx context.Context, sql string, args ...interface{}) interface {
+	Scan(...interface{}) error
+} {
+	return s.pool.QueryRow(ctx, sql, args...)
+}
+
 // External is what an external-call handler gets: its attempt, a context
 // cancelled when the lease is lost, Checkpoint and DeriveKey.
 type External struct {
 	Attempt
-	p Pgx
+	st statements
+	k  calls
 }
 
 // Checkpoint records how far the attempt got (idem_checkpoint).
 func (e External) Checkpoint(ctx context.Context, point string) error {
-	_, err := e.p.Pool.Exec(ctx, "SELECT idem_checkpoint($1, $2)", e.Token, point)
-	return err
+	return e.st.exec(ctx, "SELECT "+e.k.prefix+"idem_checkpoint($1, $2)", e.Token, point)
 }
 
 // DeriveKey is idem_derive_key(key, step): the key of a downstream call.
 func (e External) DeriveKey(ctx context.Context, step string) (string, error) {
 	var k string
-	err := e.p.Pool.QueryRow(ctx, "SELECT idem_derive_key($1, $2)", e.Key, step).Scan(&k)
+	err := e.st.queryRow(ctx, "SELECT "+e.k.prefix+"idem_derive_key($1, $2)", e.Key, step).Scan(&k)
 	return k, err
 }
 
@@ -496,15 +648,23 @@ var ErrRetryable = errors.New("failed before any side effect")
 // checkpoint.
 func (p Pgx) RunExternal(ctx context.Context, c Call,
 	handler func(ctx context.Context, e External) (Result, error)) (Response, error) {
+	return runExternal(ctx, p.calls(), pgxStatements{p.Pool}, c, handler)
+}
+
+func runExternal(ctx context.Context, k calls, st statements, c Call,
+	handler func(ctx context.Context, e External) (Result, error)) (Response, error) {
 	if bad := checkKey(c); bad != nil {
 		return *bad, nil
+	}
+	if k.err != nil {
+		return Response{}, k.err
 	}
 	if c.Lease <= 0 {
 		c.Lease = 30 * time.Second
 	}
-	sql, args := claimSQL(c)
+	sql, args, _ := k.claim(c) // idem_claim: a lease is given
 	var d decision
-	if err := p.Pool.QueryRow(ctx, sql, args...).Scan(d.targets()...); err != nil {
+	if err := st.queryRow(ctx, sql, args...).Scan(d.targets()...); err != nil {
 		if r := refuse(err); r != nil {
 			return *r, nil
 		}
@@ -526,7 +686,7 @@ func (p Pgx) RunExternal(ctx context.Context, c Call,
 			case <-done:
 				return
 			case <-ticker.C:
-				_, err := p.Pool.Exec(ctx, "SELECT idem_heartbeat($1, $2::interval)", *d.Token, interval(c.Lease))
+				err := st.exec(ctx, "SELECT "+k.prefix+"idem_heartbeat($1, $2::interval)", *d.Token, interval(c.Lease))
 				if sqlState(err) == "55000" {
 					cancel()
 					return
@@ -534,7 +694,7 @@ func (p Pgx) RunExternal(ctx context.Context, c Call,
 			}
 		}
 	}()
-	result, err := handler(hctx, External{d.attempt(*c.Key), p})
+	result, err := handler(hctx, External{d.attempt(*c.Key), st, k})
 	close(done)
 	<-beat
 	if errors.Is(err, ErrRetryable) {
@@ -543,11 +703,11 @@ func (p Pgx) RunExternal(ctx context.Context, c Call,
 	} else if err != nil {
 		return Response{}, err
 	}
-	fsql, fargs, err := finishSQL(*d.Token, result)
+	fsql, fargs, err := k.finish(*d.Token, result)
 	if err != nil {
 		return Response{}, err
 	}
-	if _, err := p.Pool.Exec(ctx, fsql, fargs...); err != nil {
+	if err := st.exec(ctx, fsql, fargs...); err != nil {
 		if sqlState(err) == "55000" {
 			return Response{}, fmt.Errorf("%w: %v", ErrLeaseLost, err)
 		}

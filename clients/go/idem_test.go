@@ -84,7 +84,7 @@ func code(r Response) string {
 
 func TestRunNewKeyReplayMismatch(t *testing.T) {
 	p := pool(t)
-	idem := Pgx{p}
+	idem := Pgx{Pool: p}
 	ctx := context.Background()
 	key := newKey()
 	c := Call{Operation: op(t), Key: &key, Request: []byte(`{"amount": 10, "currency": "EUR"}`)}
@@ -111,7 +111,7 @@ func TestRunNewKeyReplayMismatch(t *testing.T) {
 
 func TestRunBadKeysAndRollback(t *testing.T) {
 	p := pool(t)
-	idem := Pgx{p}
+	idem := Pgx{Pool: p}
 	ctx := context.Background()
 	r, err := idem.Run(ctx, Call{Operation: op(t)}, never)
 	if err != nil || r.Status != 400 || code(r) != "IDEMPOTENCY_KEY_MISSING" {
@@ -154,7 +154,7 @@ func TestRunBadKeysAndRollback(t *testing.T) {
 
 func TestRunInProgress(t *testing.T) {
 	p := pool(t)
-	idem := Pgx{p}
+	idem := Pgx{Pool: p}
 	ctx := context.Background()
 	key := newKey()
 	c := Call{Operation: op(t), Key: &key, Request: []byte(`{"amount": 13}`)}
@@ -182,9 +182,19 @@ func TestRunInProgress(t *testing.T) {
 	}
 }
 
+// The external-call form, over pgx and over database/sql.
 func TestRunExternal(t *testing.T) {
 	p := pool(t)
-	idem := Pgx{p}
+	db, err := sql.Open("pgx", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	t.Run("pgx", func(t *testing.T) { testExternal(t, Pgx{Pool: p}) })
+	t.Run("sql", func(t *testing.T) { testExternal(t, SQL{DB: db}) })
+}
+
+func testExternal(t *testing.T, idem runner) {
 	ctx := context.Background()
 	key := newKey()
 	c := Call{Operation: op(t), Key: &key, Request: []byte(`{}`), Lease: 5 * time.Second}
@@ -260,7 +270,7 @@ func TestSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	idem := SQL{db}
+	idem := SQL{DB: db}
 	ctx := context.Background()
 	key := newKey()
 	c := Call{Operation: op(t), Key: &key, Request: []byte(`{"amount": 14}`)}
@@ -311,7 +321,7 @@ func TestMiddleware(t *testing.T) {
 		w.WriteHeader(201)
 		json.NewEncoder(w).Encode(map[string]int{"n": n})
 	})
-	srv := httptest.NewServer(Middleware(Pgx{p}, Options{Operation: op(t),
+	srv := httptest.NewServer(Middleware(Pgx{Pool: p}, Options{Operation: op(t),
 		Check: func(r *http.Request, body []byte) error {
 			if len(body) == 0 {
 				return &Error{400, "EMPTY", "a body is required"}
@@ -371,10 +381,10 @@ func TestBadUTF8(t *testing.T) {
 	ctx := context.Background()
 	sqlNever := func(context.Context, *sql.Tx, Attempt) (Result, error) { return Result{}, errors.New("must not run") }
 	runs := map[string]func(Call) (Response, error){
-		"pgx": func(c Call) (Response, error) { return Pgx{p}.Run(ctx, c, never) },
-		"sql": func(c Call) (Response, error) { return SQL{db}.Run(ctx, c, sqlNever) },
+		"pgx": func(c Call) (Response, error) { return Pgx{Pool: p}.Run(ctx, c, never) },
+		"sql": func(c Call) (Response, error) { return SQL{DB: db}.Run(ctx, c, sqlNever) },
 		"external": func(c Call) (Response, error) {
-			return Pgx{p}.RunExternal(ctx, c, func(context.Context, External) (Result, error) {
+			return Pgx{Pool: p}.RunExternal(ctx, c, func(context.Context, External) (Result, error) {
 				return Result{}, errors.New("must not run")
 			})
 		},
@@ -391,7 +401,7 @@ func TestBadUTF8(t *testing.T) {
 			t.Errorf("%s: a request that is not UTF-8: %+v %v", name, r, err)
 		}
 	}
-	srv := httptest.NewServer(Middleware(Pgx{p}, Options{Operation: op(t)})(http.HandlerFunc(
+	srv := httptest.NewServer(Middleware(Pgx{Pool: p}, Options{Operation: op(t)})(http.HandlerFunc(
 		func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(201) })))
 	defer srv.Close()
 	key := newKey()

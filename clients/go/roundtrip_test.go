@@ -196,7 +196,7 @@ func eachMode(t *testing.T, test func(t *testing.T, p *pgxpool.Pool, px *proxy))
 
 func TestRoundTrips(t *testing.T) {
 	eachMode(t, func(t *testing.T, p *pgxpool.Pool, px *proxy) {
-		idem := Pgx{p}
+		idem := Pgx{Pool: p}
 		ctx := context.Background()
 		c := Call{Operation: op(t), Request: []byte(`{"amount": 20}`)}
 		// the first call of each statement may describe or prepare it
@@ -258,7 +258,7 @@ func TestRoundTrips(t *testing.T) {
 // with a transaction open.
 func TestModes(t *testing.T) {
 	eachMode(t, func(t *testing.T, p *pgxpool.Pool, _ *proxy) {
-		idem := Pgx{p}
+		idem := Pgx{Pool: p}
 		ctx := context.Background()
 		key := newKey()
 		c := Call{Operation: op(t), Key: &key, Request: []byte(`{"amount": 21, "note": "it's \\ 'quoted'"}`)}
@@ -313,7 +313,7 @@ func TestModes(t *testing.T) {
 // returned.
 func TestUnknownCommitsFirst(t *testing.T) {
 	p, px := proxied(t, "prepare")
-	idem := Pgx{p}
+	idem := Pgx{Pool: p}
 	ctx := context.Background()
 	key := newKey()
 	c := Call{Operation: op(t), Key: &key, Request: []byte(`{}`)}
@@ -355,7 +355,7 @@ func TestSQLReplayBehind(t *testing.T) {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
-	idem := SQL{db}
+	idem := SQL{DB: db}
 	ctx := context.Background()
 	key := newKey()
 	c := Call{Operation: op(t), Key: &key, Request: []byte(`{}`)}

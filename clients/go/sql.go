@@ -12,15 +12,28 @@ import (
 // answer, as in Pgx.Run).
 type SQL struct {
 	DB *sql.DB
+	// Schema is the extension's schema when it is not on the connections'
+	// search_path, as Pgx's.
+	Schema string
 }
 
-// Run is one transaction, as Pgx.Run; the handler gets the transaction.
+func (s SQL) calls() calls { return callsOf(s.DB, s.Schema) }
+
+// Run is one transaction, as Pgx.Run (idem_claim_text where the server
+// offers it included); the handler gets the transaction.
 func (s SQL) Run(ctx context.Context, c Call,
 	handler func(ctx context.Context, tx *sql.Tx, a Attempt) (Result, error)) (Response, error) {
 	if bad := checkKey(c); bad != nil {
 		return *bad, nil
 	}
-	query, args := claimSQL(c)
+	k := s.calls()
+	if k.err != nil {
+		return Response{}, k.err
+	}
+	k.learn(func(query, arg string) (usable bool, err error) {
+		err = s.DB.QueryRowContext(ctx, query, arg).Scan(&usable)
+		return
+	})
 	// The transaction is not the request's context's: database/sql would
 	// roll it back when that context ends, and the COMMIT of an answer
 	// runs after it.  Waiting for a connection, the claim and the
@@ -29,20 +42,33 @@ func (s SQL) Run(ctx context.Context, c Call,
 	if err != nil {
 		return Response{}, err
 	}
-	tx, err := conn.BeginTx(context.Background(), nil)
-	if err != nil {
-		conn.Close()
-		return Response{}, err
-	}
+	var tx *sql.Tx
 	behind := false // the COMMIT is left to run behind the answer
 	defer func() {
 		if !behind {
-			tx.Rollback() // does nothing once committed
+			if tx != nil {
+				tx.Rollback() // does nothing once committed
+			}
 			conn.Close()
 		}
 	}()
 	var d decision
-	if err := tx.QueryRowContext(ctx, query, args...).Scan(d.targets()...); err != nil {
+	for {
+		if tx, err = conn.BeginTx(context.Background(), nil); err != nil {
+			return Response{}, err
+		}
+		query, args, text := k.claim(c)
+		err = tx.QueryRowContext(ctx, query, args...).Scan(d.targets()...)
+		if err == nil {
+			break
+		}
+		if k.refused(text, err) {
+			// nothing was written: rolled back, and sent to idem_claim
+			if err := tx.Rollback(); err != nil {
+				return Response{}, err
+			}
+			continue
+		}
 		if r := refuse(err); r != nil {
 			return *r, nil
 		}
@@ -53,10 +79,10 @@ func (s SQL) Run(ctx context.Context, c Call,
 		// unknown's (that claim may have written the record unknown).
 		if d.Outcome != "unknown" {
 			behind = true
-			go func() {
+			go func(tx *sql.Tx) {
 				tx.Commit()
 				conn.Close()
-			}()
+			}(tx)
 		} else if err := tx.Commit(); err != nil {
 			return Response{}, err
 		}
@@ -66,7 +92,7 @@ func (s SQL) Run(ctx context.Context, c Call,
 	if err != nil {
 		return Response{}, err
 	}
-	fquery, fargs, err := finishSQL(*d.Token, result)
+	fquery, fargs, err := k.finish(*d.Token, result)
 	if err != nil {
 		return Response{}, err
 	}
@@ -77,4 +103,26 @@ func (s SQL) Run(ctx context.Context, c Call,
 		return Response{}, err
 	}
 	return result.response(), nil
+}
+
+type sqlStatements struct{ db *sql.DB }
+
+func (s sqlStatements) exec(ctx context.Context, query string, args ...interface{}) error {
+	_, err := s.db.ExecContext(ctx, query, args...)
+	return err
+}
+
+func (s sqlStatements) queryRow(ctx context.Context, query string, args ...interface{}) interface {
+	Scan(...interface{}) error
+} {
+	return s.db.QueryRowContext(ctx, query, args...)
+}
+
+// RunExternal is the external-call form over database/sql, as Pgx's: the
+// claim commits with a lease (c.Lease, default 30 s), extended every third
+// of it while handler runs, then the result commits; each statement in a
+// transaction of its own, on a connection of the DB.
+func (s SQL) RunExternal(ctx context.Context, c Call,
+	handler func(ctx context.Context, e External) (Result, error)) (Response, error) {
+	return runExternal(ctx, s.calls(), sqlStatements{s.DB}, c, handler)
 }

@@ -29,6 +29,7 @@ import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
+import java.sql.Statement;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -872,6 +873,156 @@ public final class IdempotencyTest {
         return b;
     }
 
+    static final Idempotency.Handler CREATED = (conn, a) -> Result.json(201, Map.of("ok", true));
+
+    /**
+     * A superuser's pool (IDEM_ADMIN_DSN, in libpq's key=value form), acting
+     * as role unless it is null; null without IDEM_ADMIN_DSN.
+     */
+    static Pool admin(String role) {
+        String dsn = System.getenv("IDEM_ADMIN_DSN");
+        if (dsn == null || dsn.isBlank()) {
+            return null;
+        }
+        Map<String, String> kv = new HashMap<>();
+        for (String part : dsn.trim().split("\\s+")) {
+            int eq = part.indexOf('=');
+            kv.put(part.substring(0, eq), part.substring(eq + 1));
+        }
+        Properties props = new Properties();
+        props.setProperty("user", kv.getOrDefault("user", "postgres"));
+        props.setProperty("sslmode", "disable");
+        if (role != null) {
+            props.setProperty("options", "-c role=" + role);
+        }
+        return new Pool("jdbc:postgresql://" + kv.getOrDefault("host", "localhost") + ":"
+                        + kv.getOrDefault("port", "5432") + "/" + kv.get("dbname"), props, 2);
+    }
+
+    /** A statement in a transaction of its own. */
+    static void execute(Pool pool, String sql) throws SQLException {
+        Connection conn = pool.take();
+        try (Statement st = conn.createStatement()) {
+            st.execute(sql);
+            conn.commit();
+        } finally {
+            conn.rollback();
+            pool.give(conn, false);
+        }
+    }
+
+    /** The SQLSTATE a call raises, or "none". */
+    static String raises(java.util.concurrent.Callable<?> call) throws Exception {
+        try {
+            call.call();
+            return "none";
+        } catch (SQLException e) {
+            return e.getSQLState() + " " + e.getMessage();
+        }
+    }
+
+    /**
+     * A call with no option but the tenant goes to idem_claim_text: a role
+     * that may execute it and not idem_claim proceeds and replays; the same
+     * key through idem_claim answers alike (the same fingerprint).  Then,
+     * with EXECUTE on idem_claim_text revoked after the first call found it
+     * usable, the claim it refuses goes to idem_claim, as every later one.
+     */
+    static void claimText() throws Exception {
+        Pool admin = admin(null);
+        if (admin == null) {
+            System.out.println("skip   idem_claim_text: no IDEM_ADMIN_DSN");
+            return;
+        }
+        String role = "idem_java_text_" + RUN;
+        try (admin) {
+            execute(admin, "CREATE ROLE " + role);
+            execute(admin, "GRANT EXECUTE ON FUNCTION idem_claim_text, idem_complete, idem_fail TO " + role);
+            try (Pool as = admin(role)) {
+                Idempotency idem = new Idempotency(as);
+                Call c = Call.of(op("text"), UUID.randomUUID().toString(),
+                                 "{\"amount\": 19, \"note\": \"a \\\"b\\\" \\\\ \u00e9\"}").withTenant("tenant \\ 't'");
+                Response first = idem.run(c, CREATED);
+                check("idem_claim_text: a call with no option but the tenant proceeds where only idem_claim_text may run",
+                      first.status() == 201 && Boolean.TRUE.equals(idem.claimText()), first + " " + idem.claimText());
+                Response again = idem.run(c, NEVER);
+                check("  ... and its retry replays", again.replayed() && Arrays.equals(again.body(), first.body()), again);
+                String state = raises(() -> idem.run(c.withWait(Duration.ZERO), NEVER));
+                check("  ... a call with another option goes to idem_claim (which the role may not run: 42501)",
+                      state.startsWith("42501 "), state);
+                execute(admin, "GRANT EXECUTE ON FUNCTION idem_claim TO " + role);
+                Call reordered = new Call(c.operation(), c.key(), "{\"note\":\"a \\\"b\\\" \\\\ \u00e9\",\"amount\":19.0}",
+                                          c.tenant(), null, Duration.ZERO, null);
+                Response through = idem.run(reordered, NEVER);
+                check("  ... idem_claim answers idem_claim_text's record alike (the same fingerprint)",
+                      through.replayed() && Arrays.equals(through.body(), first.body()), through);
+                Call other = new Call(c.operation(), c.key(), "{\"amount\": 20}", c.tenant(), null, null, null);
+                check("  ... another request is a mismatch through both",
+                      idem.run(other, NEVER).status() == 422 && idem.run(other.withWait(Duration.ZERO), NEVER).status() == 422,
+                      "");
+
+                Idempotency revoked = new Idempotency(as);
+                Response before = revoked.run(Call.of(op("revoked"), UUID.randomUUID().toString(), "{}"), CREATED);
+                boolean found = Boolean.TRUE.equals(revoked.claimText());
+                execute(admin, "REVOKE EXECUTE ON FUNCTION idem_claim_text FROM " + role);
+                Call after = Call.of(op("revoked"), UUID.randomUUID().toString(), "{}");
+                Response r = revoked.run(after, CREATED);
+                check("idem_claim_text revoked after the first call found it: the claim goes to idem_claim",
+                      found && before.status() == 201 && r.status() == 201 && Boolean.FALSE.equals(revoked.claimText()),
+                      before + " " + r + " " + revoked.claimText());
+                check("  ... and its retry replays", revoked.run(after, NEVER).replayed(), "");
+            } finally {
+                execute(admin, "DROP OWNED BY " + role + "; DROP ROLE " + role);
+            }
+        }
+    }
+
+    /**
+     * The schema option qualifies every call, for a search_path without the
+     * extension's schema; a schema without idem_claim_text (an extension
+     * before 1.2: here, pg_catalog) sends the claims to idem_claim.
+     */
+    static void schema() throws Exception {
+        Properties more = new Properties();
+        more.setProperty("options", "-c search_path=pg_catalog");
+        try (Pool off = Pool.fromEnvironment(2, "idempotency-test-java-schema", more)) {
+            String key = UUID.randomUUID().toString();
+            Idempotency plain = new Idempotency(off);
+            String state = raises(() -> plain.run(Call.of(op("schema"), key, "{}"), NEVER));
+            check("schema: without it, off the search_path, the claim is not found (42883)",
+                  state.startsWith("42883 ") && Boolean.FALSE.equals(plain.claimText()), state);
+            Idempotency idem = new Idempotency(off, "public");
+            Call c = Call.of(op("schema"), key, "{\"amount\": 2}");
+            Response first = idem.run(c, CREATED);
+            check("schema \"public\": the claim proceeds, through idem_claim_text",
+                  first.status() == 201 && Boolean.TRUE.equals(idem.claimText()), first + " " + idem.claimText());
+            check("  ... and replays", idem.run(c, NEVER).replayed(), "");
+            Call ext = Call.of(op("schema.external"), UUID.randomUUID().toString(), "{}").withLease(Duration.ofMinutes(1));
+            Response charged = idem.runExternal(ext, e -> {
+                e.checkpoint("charged");
+                return Result.json(201, Map.of("derived", e.deriveKey("charge")));
+            });
+            check("  ... the external-call form: checkpoint, derived key, completion",
+                  charged.status() == 201 && charged.body().length == "{\"derived\":\"\"}".length() + 36, charged);
+            Response replayed = idem.runExternal(ext, e -> null);
+            check("  ... and its replay", replayed.replayed() && Arrays.equals(replayed.body(), charged.body()), replayed);
+            Idempotency catalog = new Idempotency(off, "pg_catalog");
+            state = raises(() -> catalog.run(Call.of(op("schema"), UUID.randomUUID().toString(), "{}"), NEVER));
+            check("schema without idem_claim_text: the claim goes to idem_claim (there none either: 42883)",
+                  state.startsWith("42883 ") && state.contains("pg_catalog.idem_claim(")
+                  && Boolean.FALSE.equals(catalog.claimText()), state + " " + catalog.claimText());
+            Idempotency none = new Idempotency(off, "no such schema");
+            state = raises(() -> none.run(Call.of(op("schema"), UUID.randomUUID().toString(), "{}"), NEVER));
+            check("a schema that does not exist: the server's 3F000", state.startsWith("3F000 "), state);
+            try {
+                new Idempotency(off, "bad\0name");
+                check("a schema name with NUL is refused at once", false, "accepted");
+            } catch (IllegalArgumentException e) {
+                check("a schema name with NUL is refused at once", e.getMessage().contains("schema"), e);
+            }
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         Pool pool = Pool.fromEnvironment(4, "idempotency-test-java");
         Idempotency idem = new Idempotency(pool);
@@ -887,6 +1038,8 @@ public final class IdempotencyTest {
             roundTrips("prepareThreshold=0", "prepareThreshold", "0");
             unknownCommitsFirst(pool);
             driverProperties();
+            claimText();
+            schema();
         } catch (Exception | AssertionError e) {
             e.printStackTrace();
             check("the test ran to its end", false, e);

@@ -9,6 +9,11 @@
  * commits with a lease, extended while the handler calls something outside
  * the database, then the outcome commits.
  *
+ * A call with no option but the tenant goes to idem_claim_text (1.2) where
+ * the server offers it to the role (asked once, at the first call); else,
+ * and with any other option, to idem_claim.  With a schema, every function
+ * is called qualified by it, for an extension off the search_path.
+ *
  * Round trips: a new key takes three (the claim, which the driver sends
  * with its BEGIN; the handler's statements; the completion and COMMIT in
  * one execute), a retry one (the claim: its answer does not wait for the
@@ -251,6 +256,11 @@ public final class Idempotency {
 
     private static final Set<String> BAD_KEY = Set.of("22023", "22004");
     private static final Set<String> BAD_REQUEST = Set.of("22P02", "22P05", "22003", "22021");
+    /**
+     * idem_claim_text refused after the question at the first call said it
+     * was usable: EXECUTE revoked (42501), or the function gone (42883).
+     */
+    private static final Set<String> CLAIM_TEXT_REFUSED = Set.of("42501", "42883");
     private static final Map<String, String> MESSAGES = Map.of(
         "in_progress", "a request with this Idempotency-Key is still being processed; retry after Retry-After seconds",
         "mismatch", "this Idempotency-Key was used for a different request",
@@ -261,6 +271,14 @@ public final class Idempotency {
         + " body::text, error_code, retry_after, raw_body";
 
     private final Connections connections;
+    /** "schema". before every function, or "" (the search_path's). */
+    private final String prefix;
+    /**
+     * Whether claims with no option but the tenant go to idem_claim_text:
+     * null until the server was asked (at the first call), then true or
+     * false.
+     */
+    private volatile Boolean claimText;
     /** Where the COMMIT behind an answer runs, and its connection is given back. */
     private final ExecutorService behind = Executors.newCachedThreadPool(r -> {
         Thread t = new Thread(r, "idempotency-commit");
@@ -274,7 +292,66 @@ public final class Idempotency {
     });
 
     public Idempotency(Connections connections) {
+        this(connections, null);
+    }
+
+    /**
+     * schema: the extension's schema when it is not on the connections'
+     * search_path (null or "": unqualified).  A name with NUL cannot be
+     * sent: IllegalArgumentException.
+     */
+    public Idempotency(Connections connections, String schema) {
+        if (schema != null && schema.indexOf('\0') >= 0) {
+            throw new IllegalArgumentException("the schema " + Json.write(schema) + " cannot be a name: it contains NUL");
+        }
         this.connections = connections;
+        this.prefix = schema == null || schema.isEmpty() ? "" : "\"" + schema.replace("\"", "\"\"") + "\".";
+    }
+
+    /**
+     * Whether a call with no option but the tenant goes to idem_claim_text:
+     * null until the first call asked the server, then true or false (false
+     * for good once idem_claim_text refused a claim).
+     */
+    public Boolean claimText() {
+        return claimText;
+    }
+
+    /**
+     * Ask the server, once, whether idem_claim_text is there for this role
+     * (an extension before 1.2 has none; the role needs EXECUTE on it).  An
+     * error leaves it unknown, asked again at the next call; the claim goes
+     * to idem_claim meanwhile.
+     */
+    private void learnClaimText() {
+        if (claimText != null) {
+            return;
+        }
+        try {
+            Connection conn = connections.take();
+            boolean done = false;
+            try (PreparedStatement ps = conn.prepareStatement(
+                    "SELECT coalesce(has_function_privilege(to_regprocedure(?), 'EXECUTE'), false)")) {
+                ps.setString(1, prefix + "idem_claim_text(text, text, text, text)");
+                boolean usable;
+                try (ResultSet r = ps.executeQuery()) {
+                    r.next();
+                    usable = r.getBoolean(1);
+                }
+                conn.commit();
+                done = true;
+                claimText = usable;
+            } finally {
+                release(conn, done);
+            }
+        } catch (SQLException e) {
+            // unknown: asked again at the next call
+        }
+    }
+
+    /** Whether a call goes to idem_claim_text: no option but the tenant, and the server offers it. */
+    private boolean textClaim(Call c) {
+        return Boolean.TRUE.equals(claimText) && c.lease() == null && c.waitFor() == null && c.onLeaseExpiry() == null;
     }
 
     static List<List<String>> jsonHeaders(String... more) {
@@ -397,9 +474,19 @@ public final class Idempotency {
         return d.toMillis() + " milliseconds";
     }
 
-    private static PreparedStatement claim(Connection conn, Call c) throws SQLException {
+    /** The claim's statement: idem_claim_text when text, else idem_claim with the call's options. */
+    private PreparedStatement claim(Connection conn, Call c, boolean text) throws SQLException {
+        if (text) {
+            PreparedStatement ps = conn.prepareStatement(
+                "SELECT " + COLUMNS + " FROM " + prefix + "idem_claim_text(?, ?, ?, ?)");
+            ps.setString(1, c.operation());
+            ps.setString(2, c.key());
+            ps.setString(3, c.request());
+            ps.setString(4, c.tenant() == null ? "" : c.tenant());
+            return ps;
+        }
         List<Object> args = new ArrayList<>(List.of(c.operation(), c.key()));
-        StringBuilder sql = new StringBuilder("SELECT " + COLUMNS + " FROM idem_claim(?, ?, ?::jsonb, tenant => ?");
+        StringBuilder sql = new StringBuilder("SELECT " + COLUMNS + " FROM " + prefix + "idem_claim(?, ?, ?::jsonb, tenant => ?");
         if (c.lease() != null) {
             sql.append(", lease => ?::interval");
         }
@@ -429,11 +516,11 @@ public final class Idempotency {
     }
 
     /** idem_complete or idem_fail of a result, and what follows it in the same execute. */
-    private static PreparedStatement finish(Connection conn, String token, Result r, String then)
+    private PreparedStatement finish(Connection conn, String token, Result r, String then)
             throws SQLException {
         PreparedStatement ps = conn.prepareStatement(r.failed()
-            ? "SELECT idem_fail(?, ?, headers => ?::jsonb, raw_body => ?, retryable => ?)" + then
-            : "SELECT idem_complete(?, ?, headers => ?::jsonb, raw_body => ?, resource_id => ?)" + then);
+            ? "SELECT " + prefix + "idem_fail(?, ?, headers => ?::jsonb, raw_body => ?, retryable => ?)" + then
+            : "SELECT " + prefix + "idem_complete(?, ?, headers => ?::jsonb, raw_body => ?, resource_id => ?)" + then);
         ps.setString(1, token);
         ps.setInt(2, r.status());
         ps.setString(3, Json.write(r.headers()));
@@ -451,6 +538,11 @@ public final class Idempotency {
      * the exception goes on (an HttpError is the caller's to answer): a
      * retry proceeds.
      *
+     * A claim that idem_claim_text refuses although the server offered it
+     * at the first call (EXECUTE revoked since, the function gone) wrote
+     * nothing: it is rolled back and sent to idem_claim, as every later one
+     * is.
+     *
      * An answer other than proceed is returned as soon as the claim's row
      * arrives: the claim's transaction commits behind it, on another
      * thread, and its connection is given back only once that COMMIT is
@@ -464,19 +556,28 @@ public final class Idempotency {
         if (call.key() == null) {
             return error(400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required");
         }
+        learnClaimText();
         Connection conn = connections.take();
         boolean done = false;
         boolean handedOver = false;
         try {
-            Decision d;
-            try (PreparedStatement ps = claim(conn, call)) {
-                d = Decision.read(ps);
-            } catch (SQLException e) {
-                Response r = refuse(e);
-                if (r == null) {
-                    throw e;
+            Decision d = null;
+            while (d == null) {
+                boolean text = textClaim(call);
+                try (PreparedStatement ps = claim(conn, call, text)) {
+                    d = Decision.read(ps);
+                } catch (SQLException e) {
+                    if (text && CLAIM_TEXT_REFUSED.contains(e.getSQLState())) {
+                        claimText = false;
+                        conn.rollback();
+                        continue;
+                    }
+                    Response r = refuse(e);
+                    if (r == null) {
+                        throw e;
+                    }
+                    return r;
                 }
-                return r;
             }
             if (d.outcome().equals("unknown")) {
                 conn.commit();
@@ -529,12 +630,12 @@ public final class Idempotency {
 
         /** idem_checkpoint: how far the attempt got. */
         public void checkpoint(String point) throws SQLException {
-            statement("SELECT idem_checkpoint(?, ?)", attempt.token(), point);
+            statement("SELECT " + prefix + "idem_checkpoint(?, ?)", attempt.token(), point);
         }
 
         /** idem_derive_key(key, step): the key of a downstream call. */
         public String deriveKey(String step) throws SQLException {
-            return statement("SELECT idem_derive_key(?, ?)", attempt.key(), step);
+            return statement("SELECT " + prefix + "idem_derive_key(?, ?)", attempt.key(), step);
         }
     }
 
@@ -588,7 +689,7 @@ public final class Idempotency {
         Decision d;
         Connection conn = connections.take();
         boolean done = false;
-        try (PreparedStatement ps = claim(conn, c)) {
+        try (PreparedStatement ps = claim(conn, c, false)) { // idem_claim: a lease is given
             d = Decision.read(ps);
             conn.commit();
             done = true;
@@ -608,7 +709,7 @@ public final class Idempotency {
         long every = Math.max(c.lease().toMillis() / 3, 10);
         ScheduledFuture<?> beat = heartbeats.scheduleAtFixedRate(() -> {
             try {
-                statement("SELECT idem_heartbeat(?, ?::interval)::text", d.token(), interval(c.lease()));
+                statement("SELECT " + prefix + "idem_heartbeat(?, ?::interval)::text", d.token(), interval(c.lease()));
             } catch (SQLException e) {
                 if ("55000".equals(e.getSQLState())) {
                     ext.lost.set(true);
