@@ -23,7 +23,7 @@ OBJS += src/canonical.o src/sha256.o
 REGRESS += canonical canonical_numbers
 
 # Claims, records and the state machine
-OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
+OBJS += src/state_machine.o src/records_guard.o src/catalog.o src/decision.o src/records.o \
 	src/record_writer.o src/pending_claim.o \
 	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
 	src/derive.o

@@ -90,6 +90,7 @@
 #include "pending_claim.h"
 #include "pg_compat.h"
 #include "record_writer.h"
+#include "records_guard.h"
 #include "records.h"
 #include "security.h"
 #include "response_seal.h"
