@@ -122,6 +122,7 @@
 #include "catalog.h"
 #include "maintenance.h"
 #include "pending_claim.h"
+#include "record_writer.h"
 #include "security.h"
 #include "stat_operations.h"
 

@@ -75,6 +75,7 @@
 #include "idempotency.h"
 #include "key_lock.h"
 #include "pending_claim.h"
+#include "record_writer.h"
 #include "security.h"
 
 typedef struct PendingClaim
@@ -97,9 +98,6 @@ static MemoryContext pending_context = NULL;
 static bool lock_kept = false;
 static bool callbacks_registered = false;
 static ProcessUtility_hook_type prev_process_utility = NULL;
-
-/* DDL statements running in this backend (nested in event triggers, say) */
-static int	ddl_depth = 0;
 
 /*
  * Whether the library was loaded by a call of the current transaction: the
@@ -125,8 +123,6 @@ static void run_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc);
 static void rehome_key_lock(const LOCKTAG *lock);
-static bool held_exclusively(Oid relid);
-static void refuse_write_during_ddl(Oid relid);
 static void forget(void);
 static text *copy_text(const text *t);
 static bool same_secret(const uint8 *a, const uint8 *b);
@@ -152,7 +148,7 @@ static void pending_subxact_callback(SubXactEvent event,
 bool
 idem_pending_possible(const IdemScope *scope)
 {
-	return !pending.active && !lock_kept && ddl_depth == 0 &&
+	return !pending.active && !lock_kept && idem_ddl_depth == 0 &&
 		!loaded_in_transaction && IsTransactionBlock() &&
 		idem_catalog()->records_as_created && scope_entry_fits(scope);
 }
@@ -356,64 +352,6 @@ write_pending_processing(void)
 }
 
 /*
- * Refuse a write to idem_records while a DDL statement runs in a
- * transaction that holds the table, or its archive, exclusively: the
- * statement may be rewriting it (ALTER COLUMN TYPE, a volatile default,
- * CLUSTER), and a row written or changed now, from an expression the
- * statement evaluates, would go to the storage the rewrite discards; the
- * key would answer proceed again, or a record be deleted with its copy
- * lost.  Every write of the extension's calls this first: a new record, a
- * new attempt, a lease marked unknown, a resolution, the lease and cleanup
- * passes.  A DDL statement is known only with the library preloaded, or
- * loaded before the statement began.
- */
-void
-idem_refuse_write_during_ddl(void)
-{
-	const IdemCatalog *cat;
-	Oid			archive;
-
-	if (ddl_depth == 0)
-		return;
-	cat = idem_catalog();
-	archive = get_relname_relid(IDEM_ARCHIVE_TABLE, cat->schema_oid);
-	if (held_exclusively(cat->table_oid))
-		refuse_write_during_ddl(cat->table_oid);
-	if (OidIsValid(archive) && held_exclusively(archive))
-		refuse_write_during_ddl(archive);
-}
-
-/*
- * Whether this transaction holds relid in ACCESS EXCLUSIVE mode.  Only the
- * relcache entry's lock tag is read: no lock is taken.  A relation dropped
- * meanwhile is not held.
- */
-static bool
-held_exclusively(Oid relid)
-{
-	Relation	rel = RelationIdGetRelation(relid);
-	bool		held;
-
-	if (rel == NULL)
-		return false;
-	held = CheckRelationLockedByMe(rel, AccessExclusiveLock, false);
-	RelationClose(rel);
-	return held;
-}
-
-/* The error for a write while a DDL statement may be rewriting relid. */
-static void
-refuse_write_during_ddl(Oid relid)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_IN_USE),
-			 errmsg("cannot write an idempotency record in a DDL statement while this transaction holds table \"%s\" exclusively",
-					get_rel_name(relid)),
-			 errdetail("The statement may be rewriting the table, and the record would be lost with its old storage."),
-			 errhint("Claim, complete and clean up keys outside DDL statements, or once the transaction that altered the table has committed.")));
-}
-
-/*
  * Install the hook that writes a pending claim's record before any DDL
  * statement of its transaction.  Loaded by a call (not preloaded), the
  * library may be loaded in the middle of a DDL statement, from an event
@@ -451,7 +389,7 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc)
 {
-	int			saved_depth = ddl_depth;
+	int			saved_depth = idem_ddl_depth;
 	volatile bool snapshot_pushed = false;
 
 	if (GetCommandLogLevel(pstmt->utilityStmt) != LOGSTMT_DDL)
@@ -473,7 +411,7 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 			snapshot_pushed = true;
 		}
 	}
-	ddl_depth++;
+	idem_ddl_depth++;
 	PG_TRY();
 	{
 		run_utility(pstmt, queryString, readOnlyTree, context, params,
@@ -481,7 +419,7 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 	}
 	PG_FINALLY();
 	{
-		ddl_depth = saved_depth;
+		idem_ddl_depth = saved_depth;
 	}
 	PG_END_TRY();
 	if (snapshot_pushed)

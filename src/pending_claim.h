@@ -14,7 +14,6 @@
 #include "records.h"
 
 extern void idem_pending_install_hooks(void);
-extern void idem_refuse_write_during_ddl(void);
 extern bool idem_pending_possible(const IdemScope *scope);
 extern void idem_pending_keep(const IdemScope *scope,
 							  const IdemAttemptStart *start, int64 id,

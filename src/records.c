@@ -87,7 +87,6 @@
 
 #include "catalog.h"
 #include "idempotency.h"
-#include "pending_claim.h"
 #include "pg_compat.h"
 #include "record_writer.h"
 #include "records_guard.h"
