@@ -79,7 +79,7 @@ _PG_init(void)
 		return;
 
 	define_postmaster_settings();
-	idem_status_install_hooks();
+	idem_status_install_hooks(idem_worker_database_count());
 	idem_rate_limit_install_hooks();
 	idem_stat_install_hooks();
 	idem_register_workers();
