@@ -48,7 +48,6 @@
 #include "utils/syscache.h"
 
 #include "catalog.h"
-#include "idempotency.h"
 #include "pg_compat.h"
 #include "test_pause.h"
 

@@ -72,7 +72,6 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
-#include "idempotency.h"
 #include "key_lock.h"
 #include "pending_claim.h"
 #include "record_writer.h"

@@ -70,7 +70,6 @@
 #include "utils/syscache.h"
 
 #include "catalog.h"
-#include "idempotency.h"
 #include "pg_compat.h"
 #include "record_writer.h"
 

@@ -40,7 +40,6 @@
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
-#include "idempotency.h"
 #include "worker_status.h"
 
 #define IDEM_STATUS_SHMEM_NAME	"idempotency worker status"
