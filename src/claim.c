@@ -720,22 +720,9 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 				took_token = idem_max_new_keys_per_second > 0 && !req->inbox;
 				memset(&rec, 0, sizeof(rec));
 				/* an error on the way gives the lock back with the abort */
-				if (req->may_stay_pending && idem_pending_possible(&req->scope))
-				{
-					/* written at its completion, or at commit, holding the lock */
-					wrote = idem_record_claim_unwritten(&req->scope, &rec.id,
-														&writer);
-					if (wrote)
-						idem_pending_keep(&req->scope, &start, rec.id, &lock);
-					else
-						idem_key_lock_release(&lock);
-				}
-				else
-				{
-					wrote = idem_record_insert(&req->scope, &start, &rec.id,
-											   &writer);
-					idem_key_lock_release(&lock);
-				}
+				wrote = idem_pending_claim_new(&req->scope, &start,
+											   req->may_stay_pending, &lock,
+											   &rec.id, &writer);
 				if (wrote)
 					answer_proceed(answer, &rec, &start, 1, !req->inbox);
 				break;

@@ -106,7 +106,10 @@ static ProcessUtility_hook_type prev_process_utility = NULL;
 static bool loaded_in_transaction = false;
 
 static void register_callbacks(void);
+static bool pending_possible(const IdemScope *scope);
 static bool scope_entry_fits(const IdemScope *scope);
+static void keep(const IdemScope *scope, const IdemAttemptStart *start,
+				 int64 id, const LOCKTAG *lock);
 static bool records_only_guarded(void);
 static void write_pending(const IdemResponse *response, TimestampTz now);
 static void write_before_commit(void);
@@ -141,11 +144,44 @@ static void pending_subxact_callback(SubXactEvent event,
 	 MAXALIGN(sizeof(ItemPointerData)))
 
 /*
+ * Claim a new key, whose key lock the caller holds: kept pending, holding
+ * the lock until its record is written, when the claim may stay pending
+ * (idem_claim in a transaction block) and this one can; otherwise its
+ * record is inserted now and the lock given back once the row is in the
+ * unique index.  Returns whether the key was claimed, with the record's id;
+ * when it was not, the lock is given back, and writer is the transaction
+ * found writing the key, if any.
+ */
+bool
+idem_pending_claim_new(const IdemScope *scope, const IdemAttemptStart *start,
+					   bool may_stay_pending, const LOCKTAG *lock,
+					   int64 *id, TransactionId *writer)
+{
+	bool		wrote;
+
+	if (may_stay_pending && pending_possible(scope))
+	{
+		/* written at its completion, or at commit, holding the lock */
+		wrote = idem_record_claim_unwritten(scope, id, writer);
+		if (wrote)
+			keep(scope, start, *id, lock);
+		else
+			idem_key_lock_release(lock);
+	}
+	else
+	{
+		wrote = idem_record_insert(scope, start, id, writer);
+		idem_key_lock_release(lock);
+	}
+	return wrote;
+}
+
+/*
  * Whether a claim of a new key of this scope may be kept pending instead
  * of written now.
  */
-bool
-idem_pending_possible(const IdemScope *scope)
+static bool
+pending_possible(const IdemScope *scope)
 {
 	return !pending.active && !lock_kept && idem_ddl_depth == 0 &&
 		!loaded_in_transaction && IsTransactionBlock() &&
@@ -179,9 +215,9 @@ scope_entry_fits(const IdemScope *scope)
  * Keep the claim of a new key: its scope, attempt and allocated id.  The
  * caller holds the key lock, which stays held until the record is written.
  */
-void
-idem_pending_keep(const IdemScope *scope, const IdemAttemptStart *start,
-				  int64 id, const LOCKTAG *lock)
+static void
+keep(const IdemScope *scope, const IdemAttemptStart *start, int64 id,
+	 const LOCKTAG *lock)
 {
 	MemoryContext oldcontext;
 
