@@ -83,6 +83,12 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# The TAP tests share their cluster set-up through t/IdemTest.pm: prove
+# runs in the source folder, with t/ on its include path.  (Appended to
+# PGXS's own flags, so that PROVE_FLAGS=--verbose on the command line
+# keeps it.)
+PG_PROVE_FLAGS += -I t
+
 # PGXS does not track header dependencies: rebuild every object when one of
 # the project's headers changes.
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
