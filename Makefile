@@ -23,7 +23,7 @@ OBJS += src/canonical.o src/sha256.o
 REGRESS += canonical canonical_numbers
 
 # Claims, records and the state machine
-OBJS += src/state_machine.o src/catalog.o src/decision.o src/records.o \
+OBJS += src/state_machine.o src/records_guard.o src/catalog.o src/decision.o src/records.o \
 	src/record_writer.o src/pending_claim.o \
 	src/key_lock.o src/token.o src/validate.o src/claim.o src/attempt.o \
 	src/derive.o
@@ -83,6 +83,12 @@ ISOLATION += maintenance_skip_locked maintenance_late_commit expiry_races expiry
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# The TAP tests share their cluster set-up through t/IdemTest.pm: prove
+# runs in the source folder, with t/ on its include path.  (Appended to
+# PGXS's own flags, so that PROVE_FLAGS=--verbose on the command line
+# keeps it.)
+PG_PROVE_FLAGS += -I t
 
 # PGXS does not track header dependencies: rebuild every object when one of
 # the project's headers changes.

@@ -27,7 +27,7 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
-#include "idempotency.h"
+#include "claim.h"
 #include "pending_claim.h"
 #include "pg_compat.h"
 #include "records.h"

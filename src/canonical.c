@@ -56,6 +56,7 @@
 #include "utils/numeric.h"
 
 #include "canonical.h"
+#include "pg_compat.h"
 #include "sha256.h"
 
 PG_FUNCTION_INFO_V1(idem_canonical);
@@ -1009,18 +1010,6 @@ typedef struct TextCanon
  */
 #define CANON_DIRECT_DEPTH	256
 
-/*
- * The callbacks of PostgreSQL's JSON parser return an error code from
- * version 16 on.
- */
-#if PG_VERSION_NUM >= 160000
-#define TEXT_CANON_ACTION JsonParseErrorType
-#define TEXT_CANON_DONE return JSON_SUCCESS
-#else
-#define TEXT_CANON_ACTION void
-#define TEXT_CANON_DONE return
-#endif
-
 static void text_canon_init(TextCanon *state, int len);
 static bool text_canonical_direct(const char *json, int len, TextCanon *state);
 static void text_canonical_parser(const char *json, int len, TextCanon *state);
@@ -1484,60 +1473,60 @@ after_value:
 }
 
 /* The callbacks of PostgreSQL's JSON parser, on the functions above. */
-static TEXT_CANON_ACTION
+static json_action_result_compat
 text_object_start(void *arg)
 {
 	text_push((TextCanon *) arg, true);
-	TEXT_CANON_DONE;
+	json_action_done_compat;
 }
 
-static TEXT_CANON_ACTION
+static json_action_result_compat
 text_object_field_start(void *arg, char *fname, bool isnull)
 {
 	(void) isnull;
 	text_member_start((TextCanon *) arg, fname, strlen(fname), false);
-	TEXT_CANON_DONE;
+	json_action_done_compat;
 }
 
-static TEXT_CANON_ACTION
+static json_action_result_compat
 text_object_field_end(void *arg, char *fname, bool isnull)
 {
 	(void) fname;
 	(void) isnull;
 	text_member_end((TextCanon *) arg);
-	TEXT_CANON_DONE;
+	json_action_done_compat;
 }
 
-static TEXT_CANON_ACTION
+static json_action_result_compat
 text_object_end(void *arg)
 {
 	text_object_close((TextCanon *) arg);
-	TEXT_CANON_DONE;
+	json_action_done_compat;
 }
 
-static TEXT_CANON_ACTION
+static json_action_result_compat
 text_array_start(void *arg)
 {
 	text_array_open((TextCanon *) arg);
-	TEXT_CANON_DONE;
+	json_action_done_compat;
 }
 
-static TEXT_CANON_ACTION
+static json_action_result_compat
 text_array_element_start(void *arg, bool isnull)
 {
 	(void) isnull;
 	text_element_start((TextCanon *) arg);
-	TEXT_CANON_DONE;
+	json_action_done_compat;
 }
 
-static TEXT_CANON_ACTION
+static json_action_result_compat
 text_array_end(void *arg)
 {
 	text_array_close((TextCanon *) arg);
-	TEXT_CANON_DONE;
+	json_action_done_compat;
 }
 
-static TEXT_CANON_ACTION
+static json_action_result_compat
 text_scalar(void *arg, char *token, JsonTokenType tokentype)
 {
 	TextCanon  *state = (TextCanon *) arg;
@@ -1562,7 +1551,7 @@ text_scalar(void *arg, char *token, JsonTokenType tokentype)
 		default:
 			elog(ERROR, "unexpected JSON token type: %d", (int) tokentype);
 	}
-	TEXT_CANON_DONE;
+	json_action_done_compat;
 }
 
 /*
@@ -1587,11 +1576,7 @@ text_canonical_parser(const char *json, int len, TextCanon *state)
 	sem.array_element_start = text_array_element_start;
 	sem.scalar = text_scalar;
 
-#if PG_VERSION_NUM >= 170000
-	lex = makeJsonLexContextCstringLen(NULL, json, len, GetDatabaseEncoding(), true);
-#else
-	lex = makeJsonLexContextCstringLen((char *) json, len, GetDatabaseEncoding(), true);
-#endif
+	lex = makeJsonLexContextCstringLen_compat(json, len, GetDatabaseEncoding(), true);
 	pg_parse_json_or_ereport(lex, &sem);
 }
 

@@ -49,7 +49,6 @@
 #include "utils/syscache.h"
 
 #include "catalog.h"
-#include "idempotency.h"
 #include "pg_compat.h"
 #include "test_pause.h"
 

@@ -12,6 +12,21 @@
 
 #include "state_machine.h"
 
+/* The names of the extension and of its catalog objects. */
+#define IDEM_EXTENSION_NAME		"idempotency"
+#define IDEM_RECORDS_TABLE		"idem_records"
+#define IDEM_SCOPE_INDEX		"idem_records_scope_key"
+#define IDEM_ARCHIVE_TABLE		"idem_records_archive"
+/* The columns a copy in the archive takes from idem_records, by name. */
+#define IDEM_ARCHIVE_COLUMNS \
+	"id, role, tenant, caller, operation, key, fingerprint, state," \
+	" attempt, attempt_token, recovery_point, locked_until," \
+	" on_lease_expiry, ttl, response_status, response_headers," \
+	" response_body, resource_id, created_at, claimed_at, updated_at," \
+	" completed_at, expires_at, response_raw_body, response_sealed"
+/* ... and from 1.3 on (IdemCatalog.role_is_oid), former_role */
+#define IDEM_ARCHIVE_COLUMNS_1_3 IDEM_ARCHIVE_COLUMNS ", former_role"
+
 /* The columns of a record's scope and key, in the order IdemScope has them. */
 typedef enum IdemScopePart
 {

@@ -50,6 +50,8 @@
  */
 #include "postgres.h"
 
+#include <limits.h>
+
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
@@ -61,13 +63,14 @@
 #include "storage/procarray.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 
 #include "catalog.h"
+#include "claim.h"
 #include "decision.h"
-#include "idempotency.h"
 #include "key_lock.h"
 #include "pending_claim.h"
 #include "rate_limit.h"
@@ -75,6 +78,10 @@
 #include "stat_operations.h"
 #include "token.h"
 #include "validate.h"
+
+int			idem_default_ttl_s = 24 * 60 * 60;
+int			idem_default_lease_ms = 30 * 1000;
+int			idem_claim_wait_ms = 0;
 
 PG_FUNCTION_INFO_V1(idem_claim);
 PG_FUNCTION_INFO_V1(idem_claim_text);
@@ -711,22 +718,9 @@ claim_key(const ClaimRequest *req, IdemAnswer *answer)
 				took_token = idem_max_new_keys_per_second > 0 && !req->inbox;
 				memset(&rec, 0, sizeof(rec));
 				/* an error on the way gives the lock back with the abort */
-				if (req->may_stay_pending && idem_pending_possible(&req->scope))
-				{
-					/* written at its completion, or at commit, holding the lock */
-					wrote = idem_record_claim_unwritten(&req->scope, &rec.id,
-														&writer);
-					if (wrote)
-						idem_pending_keep(&req->scope, &start, rec.id, &lock);
-					else
-						idem_key_lock_release(&lock);
-				}
-				else
-				{
-					wrote = idem_record_insert(&req->scope, &start, &rec.id,
-											   &writer);
-					idem_key_lock_release(&lock);
-				}
+				wrote = idem_pending_claim_new(&req->scope, &start,
+											   req->may_stay_pending, &lock,
+											   &rec.id, &writer);
 				if (wrote)
 					answer_proceed(answer, &rec, &start, 1, !req->inbox);
 				break;
@@ -1265,4 +1259,37 @@ inbox_answer(IdemOutcome outcome)
 	}
 	elog(ERROR, "unexpected inbox outcome %d", (int) outcome);
 	pg_unreachable();
+}
+
+/*
+ * Define the claims' settings: the per-call defaults.  Called from _PG_init
+ * on every load, so that a session that has not preloaded the library
+ * still sees them.
+ */
+void
+idem_claim_init(void)
+{
+	DefineCustomIntVariable("idempotency.default_ttl",
+							"How long a finished record is kept for replay.",
+							"Used when idem_claim is called without ttl.",
+							&idem_default_ttl_s,
+							24 * 60 * 60, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.default_lease",
+							"How long a claimed attempt owns its key before its lease expires.",
+							"Used when idem_claim or idem_heartbeat is called without lease.",
+							&idem_default_lease_ms,
+							30 * 1000, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.claim_wait",
+							"How long a claim waits for another attempt of the same key to finish.",
+							"Zero never blocks: the claim answers in_progress at once.",
+							&idem_claim_wait_ms,
+							0, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
 }

@@ -51,7 +51,6 @@
 #include "common/int.h"
 
 #include "decision.h"
-#include "idempotency.h"
 
 static const char *const outcome_names[] = {
 	[IDEM_OUTCOME_PROCEED] = "proceed",

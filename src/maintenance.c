@@ -104,6 +104,8 @@
  */
 #include "postgres.h"
 
+#include <limits.h>
+
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
@@ -113,15 +115,17 @@
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 
-#include "idempotency.h"
 #include "catalog.h"
 #include "maintenance.h"
 #include "pending_claim.h"
+#include "record_writer.h"
+#include "records.h"
 #include "security.h"
 #include "stat_operations.h"
 
@@ -168,6 +172,10 @@ typedef struct PassDef
 	const char *name;			/* for messages */
 	int			expected;		/* SPI result of batch and one */
 } PassDef;
+
+int			idem_cleanup_batch_size = 200;
+int			idem_cleanup_max_batches = 500;
+int			idem_cleanup_grace_s = 10 * 60;
 
 static const PassDef pass_defs[IDEM_NUM_PASSES] = {
 	[IDEM_PASS_LEASES] = {"lease expiry", SPI_OK_UPDATE_RETURNING},
@@ -1234,4 +1242,37 @@ idem_cleanup(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_INT64(changed);
+}
+
+/*
+ * Define the settings of the cleanup pass: how many records a
+ * transaction deletes, how many transactions a run makes, and how long a
+ * record stays past its expiry first.  Called from _PG_init on every load.
+ */
+void
+idem_maintenance_init(void)
+{
+	DefineCustomIntVariable("idempotency.cleanup_batch_size",
+							"Expired records deleted per cleanup transaction.",
+							NULL,
+							&idem_cleanup_batch_size,
+							200, 1, 1000000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.cleanup_max_batches",
+							"Cleanup transactions per worker cycle.",
+							NULL,
+							&idem_cleanup_max_batches,
+							500, 1, INT_MAX,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.cleanup_grace",
+							"Time a record stays past its expiry before cleanup deletes it.",
+							NULL,
+							&idem_cleanup_grace_s,
+							10 * 60, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
 }

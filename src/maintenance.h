@@ -35,6 +35,15 @@ typedef struct IdemPassRun
 	int64		purged;			/* cleanup: records purged, not deleted */
 } IdemPassRun;
 
+/*
+ * idempotency.cleanup_batch_size, idempotency.cleanup_max_batches,
+ * idempotency.cleanup_grace
+ */
+extern int	idem_cleanup_batch_size;
+extern int	idem_cleanup_max_batches;
+extern int	idem_cleanup_grace_s;
+
+extern void idem_maintenance_init(void);
 extern Oid	idem_installed_extension(void);
 extern void idem_maintenance_prepare(Oid extoid);
 extern void idem_maintenance_forget(void);

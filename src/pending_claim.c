@@ -72,9 +72,9 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
-#include "idempotency.h"
 #include "key_lock.h"
 #include "pending_claim.h"
+#include "record_writer.h"
 #include "security.h"
 
 typedef struct PendingClaim
@@ -98,9 +98,6 @@ static bool lock_kept = false;
 static bool callbacks_registered = false;
 static ProcessUtility_hook_type prev_process_utility = NULL;
 
-/* DDL statements running in this backend (nested in event triggers, say) */
-static int	ddl_depth = 0;
-
 /*
  * Whether the library was loaded by a call of the current transaction: the
  * hook did not see a DDL statement that was already running.  Cleared when
@@ -109,7 +106,10 @@ static int	ddl_depth = 0;
 static bool loaded_in_transaction = false;
 
 static void register_callbacks(void);
+static bool pending_possible(const IdemScope *scope);
 static bool scope_entry_fits(const IdemScope *scope);
+static void keep(const IdemScope *scope, const IdemAttemptStart *start,
+				 int64 id, const LOCKTAG *lock);
 static bool records_only_guarded(void);
 static void write_pending(const IdemResponse *response, TimestampTz now);
 static void write_before_commit(void);
@@ -125,8 +125,6 @@ static void run_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc);
 static void rehome_key_lock(const LOCKTAG *lock);
-static bool held_exclusively(Oid relid);
-static void refuse_write_during_ddl(Oid relid);
 static void forget(void);
 static text *copy_text(const text *t);
 static bool same_secret(const uint8 *a, const uint8 *b);
@@ -146,13 +144,46 @@ static void pending_subxact_callback(SubXactEvent event,
 	 MAXALIGN(sizeof(ItemPointerData)))
 
 /*
+ * Claim a new key, whose key lock the caller holds: kept pending, holding
+ * the lock until its record is written, when the claim may stay pending
+ * (idem_claim in a transaction block) and this one can; otherwise its
+ * record is inserted now and the lock given back once the row is in the
+ * unique index.  Returns whether the key was claimed, with the record's id;
+ * when it was not, the lock is given back, and writer is the transaction
+ * found writing the key, if any.
+ */
+bool
+idem_pending_claim_new(const IdemScope *scope, const IdemAttemptStart *start,
+					   bool may_stay_pending, const LOCKTAG *lock,
+					   int64 *id, TransactionId *writer)
+{
+	bool		wrote;
+
+	if (may_stay_pending && pending_possible(scope))
+	{
+		/* written at its completion, or at commit, holding the lock */
+		wrote = idem_record_claim_unwritten(scope, id, writer);
+		if (wrote)
+			keep(scope, start, *id, lock);
+		else
+			idem_key_lock_release(lock);
+	}
+	else
+	{
+		wrote = idem_record_insert(scope, start, id, writer);
+		idem_key_lock_release(lock);
+	}
+	return wrote;
+}
+
+/*
  * Whether a claim of a new key of this scope may be kept pending instead
  * of written now.
  */
-bool
-idem_pending_possible(const IdemScope *scope)
+static bool
+pending_possible(const IdemScope *scope)
 {
-	return !pending.active && !lock_kept && ddl_depth == 0 &&
+	return !pending.active && !lock_kept && idem_ddl_depth == 0 &&
 		!loaded_in_transaction && IsTransactionBlock() &&
 		idem_catalog()->records_as_created && scope_entry_fits(scope);
 }
@@ -184,9 +215,9 @@ scope_entry_fits(const IdemScope *scope)
  * Keep the claim of a new key: its scope, attempt and allocated id.  The
  * caller holds the key lock, which stays held until the record is written.
  */
-void
-idem_pending_keep(const IdemScope *scope, const IdemAttemptStart *start,
-				  int64 id, const LOCKTAG *lock)
+static void
+keep(const IdemScope *scope, const IdemAttemptStart *start, int64 id,
+	 const LOCKTAG *lock)
 {
 	MemoryContext oldcontext;
 
@@ -356,64 +387,6 @@ write_pending_processing(void)
 }
 
 /*
- * Refuse a write to idem_records while a DDL statement runs in a
- * transaction that holds the table, or its archive, exclusively: the
- * statement may be rewriting it (ALTER COLUMN TYPE, a volatile default,
- * CLUSTER), and a row written or changed now, from an expression the
- * statement evaluates, would go to the storage the rewrite discards; the
- * key would answer proceed again, or a record be deleted with its copy
- * lost.  Every write of the extension's calls this first: a new record, a
- * new attempt, a lease marked unknown, a resolution, the lease and cleanup
- * passes.  A DDL statement is known only with the library preloaded, or
- * loaded before the statement began.
- */
-void
-idem_refuse_write_during_ddl(void)
-{
-	const IdemCatalog *cat;
-	Oid			archive;
-
-	if (ddl_depth == 0)
-		return;
-	cat = idem_catalog();
-	archive = get_relname_relid(IDEM_ARCHIVE_TABLE, cat->schema_oid);
-	if (held_exclusively(cat->table_oid))
-		refuse_write_during_ddl(cat->table_oid);
-	if (OidIsValid(archive) && held_exclusively(archive))
-		refuse_write_during_ddl(archive);
-}
-
-/*
- * Whether this transaction holds relid in ACCESS EXCLUSIVE mode.  Only the
- * relcache entry's lock tag is read: no lock is taken.  A relation dropped
- * meanwhile is not held.
- */
-static bool
-held_exclusively(Oid relid)
-{
-	Relation	rel = RelationIdGetRelation(relid);
-	bool		held;
-
-	if (rel == NULL)
-		return false;
-	held = CheckRelationLockedByMe(rel, AccessExclusiveLock, false);
-	RelationClose(rel);
-	return held;
-}
-
-/* The error for a write while a DDL statement may be rewriting relid. */
-static void
-refuse_write_during_ddl(Oid relid)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_IN_USE),
-			 errmsg("cannot write an idempotency record in a DDL statement while this transaction holds table \"%s\" exclusively",
-					get_rel_name(relid)),
-			 errdetail("The statement may be rewriting the table, and the record would be lost with its old storage."),
-			 errhint("Claim, complete and clean up keys outside DDL statements, or once the transaction that altered the table has committed.")));
-}
-
-/*
  * Install the hook that writes a pending claim's record before any DDL
  * statement of its transaction.  Loaded by a call (not preloaded), the
  * library may be loaded in the middle of a DDL statement, from an event
@@ -451,7 +424,7 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc)
 {
-	int			saved_depth = ddl_depth;
+	int			saved_depth = idem_ddl_depth;
 	volatile bool snapshot_pushed = false;
 
 	if (GetCommandLogLevel(pstmt->utilityStmt) != LOGSTMT_DDL)
@@ -473,7 +446,7 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 			snapshot_pushed = true;
 		}
 	}
-	ddl_depth++;
+	idem_ddl_depth++;
 	PG_TRY();
 	{
 		run_utility(pstmt, queryString, readOnlyTree, context, params,
@@ -481,7 +454,7 @@ pending_process_utility(PlannedStmt *pstmt, const char *queryString,
 	}
 	PG_FINALLY();
 	{
-		ddl_depth = saved_depth;
+		idem_ddl_depth = saved_depth;
 	}
 	PG_END_TRY();
 	if (snapshot_pushed)

@@ -14,11 +14,10 @@
 #include "records.h"
 
 extern void idem_pending_install_hooks(void);
-extern void idem_refuse_write_during_ddl(void);
-extern bool idem_pending_possible(const IdemScope *scope);
-extern void idem_pending_keep(const IdemScope *scope,
-							  const IdemAttemptStart *start, int64 id,
-							  const LOCKTAG *lock);
+extern bool idem_pending_claim_new(const IdemScope *scope,
+								   const IdemAttemptStart *start,
+								   bool may_stay_pending, const LOCKTAG *lock,
+								   int64 *id, TransactionId *writer);
 extern bool idem_pending_write(void);
 extern bool idem_pending_finish(const IdemToken *token,
 								const IdemResponse *response,

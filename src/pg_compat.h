@@ -8,7 +8,8 @@
  * are guarded too, at the version that changed each call: every guard was
  * checked against the release that brought the change (16: settings'
  * memory, object_ownercheck, RTEPermissionInfo, EvalPlanQualInit's result
- * relations; 18: the rest), but 16 and 17 are neither built nor tested
+ * relations, the JSON parser's callbacks' result; 17: the JSON lexer's
+ * context; 18: the rest), but 16 and 17 are neither built nor tested
  * here.
  *
  * Each macro below is named after the call it stands
@@ -60,6 +61,31 @@
 #else
 #define pg_class_ownercheck_compat(relid, roleid) \
 	pg_class_ownercheck((relid), (roleid))
+#endif
+
+/*
+ * 16: the callbacks of PostgreSQL's JSON parser return an error code.  A
+ * callback is declared to return json_action_result_compat and returns
+ * with json_action_done_compat.
+ */
+#if PG_VERSION_NUM >= 160000
+#define json_action_result_compat JsonParseErrorType
+#define json_action_done_compat return JSON_SUCCESS
+#else
+#define json_action_result_compat void
+#define json_action_done_compat return
+#endif
+
+/*
+ * 17: makeJsonLexContextCstringLen takes the context to fill in (NULL: a
+ * new one), and its text is const.
+ */
+#if PG_VERSION_NUM >= 170000
+#define makeJsonLexContextCstringLen_compat(json, len, encoding, need_escapes) \
+	makeJsonLexContextCstringLen(NULL, (json), (len), (encoding), (need_escapes))
+#else
+#define makeJsonLexContextCstringLen_compat(json, len, encoding, need_escapes) \
+	makeJsonLexContextCstringLen((char *) (json), (len), (encoding), (need_escapes))
 #endif
 
 /* 18: index_beginscan takes instrumentation, none here. */

@@ -44,10 +44,10 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/timestamp.h"
 
-#include "idempotency.h"
 #include "rate_limit.h"
 
 #define IDEM_RATE_BUCKETS		1024
@@ -74,6 +74,8 @@ typedef struct RateLimitShared
 {
 	LWLock	   *lock;			/* protects the hash table's entries */
 } RateLimitShared;
+
+int			idem_max_new_keys_per_second = 0;
 
 static RateLimitShared *rate_shared = NULL;
 static HTAB *rate_hash = NULL;
@@ -320,4 +322,22 @@ drop_refilled_buckets(int rate, TimestampTz now)
 		if (bucket->tokens >= rate)
 			hash_search(rate_hash, &bucket->key, HASH_REMOVE, NULL);
 	}
+}
+
+/*
+ * Define idempotency.max_new_keys_per_second.  Called from _PG_init on
+ * every load.
+ */
+void
+idem_rate_limit_init(void)
+{
+	DefineCustomIntVariable("idempotency.max_new_keys_per_second",
+							"Records each role may create per second in each database.",
+							"A claim that would create a record beyond it answers rate_limited "
+							"and writes nothing.  0 turns the limit off.  Needs the library in "
+							"shared_preload_libraries.",
+							&idem_max_new_keys_per_second,
+							0, 0, 1000000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
 }

@@ -60,6 +60,7 @@
 #include "optimizer/optimizer.h"
 #include "parser/parse_coerce.h"
 #include "rewrite/rewriteHandler.h"
+#include "storage/lmgr.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -69,7 +70,6 @@
 #include "utils/syscache.h"
 
 #include "catalog.h"
-#include "pending_claim.h"
 #include "pg_compat.h"
 #include "record_writer.h"
 
@@ -125,6 +125,13 @@ static bool identity_valid = false;
 static uint64 invalidation_count = 0;
 static Oid	building_relid = InvalidOid;
 
+/*
+ * DDL statements running in this backend (nested in event triggers, say),
+ * counted by the utility hook of pending_claim.c: while one runs, a write
+ * may be refused (idem_refuse_write_during_ddl).
+ */
+int			idem_ddl_depth = 0;
+
 static void use_compiled_expressions(IdemRecordWriter *w);
 static void build_cache(IdemRecordWriter *w, WriterCache *fresh);
 static void build_identity(Relation rel);
@@ -135,6 +142,8 @@ static void invalidate_cache_syscache(Datum arg, int cacheid, uint32 hashvalue);
 static bool needs_query_memory(Node *node, void *context);
 static void refuse_transition_tables(IdemRecordWriter *w);
 static void fill_defaults(IdemRecordWriter *w);
+static bool held_exclusively(Oid relid);
+static void refuse_write_during_ddl(Oid relid);
 
 /*
  * Open idem_records for one write: the table, its indexes, an executor
@@ -794,4 +803,62 @@ idem_writer_index(IdemRecordWriter *w, Oid index_oid)
 			return w->rri->ri_IndexRelationDescs[i];
 	elog(ERROR, "index %u of idem_records is not open", index_oid);
 	pg_unreachable();
+}
+
+/*
+ * Refuse a write to idem_records while a DDL statement runs in a
+ * transaction that holds the table, or its archive, exclusively: the
+ * statement may be rewriting it (ALTER COLUMN TYPE, a volatile default,
+ * CLUSTER), and a row written or changed now, from an expression the
+ * statement evaluates, would go to the storage the rewrite discards; the
+ * key would answer proceed again, or a record be deleted with its copy
+ * lost.  Every write of the extension's calls this first: a new record, a
+ * new attempt, a lease marked unknown, a resolution, the lease and cleanup
+ * passes.  A DDL statement is known only with the library preloaded, or
+ * loaded before the statement began.
+ */
+void
+idem_refuse_write_during_ddl(void)
+{
+	const IdemCatalog *cat;
+	Oid			archive;
+
+	if (idem_ddl_depth == 0)
+		return;
+	cat = idem_catalog();
+	archive = get_relname_relid(IDEM_ARCHIVE_TABLE, cat->schema_oid);
+	if (held_exclusively(cat->table_oid))
+		refuse_write_during_ddl(cat->table_oid);
+	if (OidIsValid(archive) && held_exclusively(archive))
+		refuse_write_during_ddl(archive);
+}
+
+/*
+ * Whether this transaction holds relid in ACCESS EXCLUSIVE mode.  Only the
+ * relcache entry's lock tag is read: no lock is taken.  A relation dropped
+ * meanwhile is not held.
+ */
+static bool
+held_exclusively(Oid relid)
+{
+	Relation	rel = RelationIdGetRelation(relid);
+	bool		held;
+
+	if (rel == NULL)
+		return false;
+	held = CheckRelationLockedByMe(rel, AccessExclusiveLock, false);
+	RelationClose(rel);
+	return held;
+}
+
+/* The error for a write while a DDL statement may be rewriting relid. */
+static void
+refuse_write_during_ddl(Oid relid)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_IN_USE),
+			 errmsg("cannot write an idempotency record in a DDL statement while this transaction holds table \"%s\" exclusively",
+					get_rel_name(relid)),
+			 errdetail("The statement may be rewriting the table, and the record would be lost with its old storage."),
+			 errhint("Claim, complete and clean up keys outside DDL statements, or once the transaction that altered the table has committed.")));
 }

@@ -50,4 +50,8 @@ extern bool idem_writer_lock_read(IdemRecordWriter *w, LockWaitPolicy wait);
 extern void idem_writer_update(IdemRecordWriter *w);
 pg_noreturn extern void idem_rethrow_without_values(MemoryContext context);
 
+/* DDL statements running in this backend; the writes they refuse */
+extern int	idem_ddl_depth;
+extern void idem_refuse_write_during_ddl(void);
+
 #endif							/* IDEM_RECORD_WRITER_H */

@@ -69,6 +69,8 @@
  */
 #include "postgres.h"
 
+#include <limits.h>
+
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
@@ -80,20 +82,30 @@
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "catalog.h"
-#include "idempotency.h"
-#include "pending_claim.h"
 #include "pg_compat.h"
 #include "record_writer.h"
+#include "records_guard.h"
 #include "records.h"
 #include "security.h"
 #include "response_seal.h"
 #include "test_pause.h"
+
+int			idem_tombstone_ttl_s = 7 * 24 * 60 * 60;
+int			idem_cleanup_action = IDEM_CLEANUP_DELETE;
+bool		idem_synchronous_outcomes = true;
+
+static const struct config_enum_entry cleanup_action_options[] = {
+	{"delete", IDEM_CLEANUP_DELETE, false},
+	{"archive", IDEM_CLEANUP_ARCHIVE, false},
+	{NULL, 0, false}
+};
 
 typedef enum RecordPlan
 {
@@ -1597,4 +1609,42 @@ nullable(void *pointer, char *null)
 {
 	*null = pointer == NULL ? 'n' : ' ';
 	return PointerGetDatum(pointer);
+}
+
+/*
+ * Define the settings of how a record is written and how long it lives:
+ * whether an outcome commits synchronously, how long an expired record is
+ * kept as a tombstone, and what cleanup does with it.  Called from
+ * _PG_init on every load.
+ */
+void
+idem_records_init(void)
+{
+	DefineCustomBoolVariable("idempotency.synchronous_outcomes",
+							 "Commits every transaction that writes an idempotency record synchronously.",
+							 "A claim that proceeds, a completion, a failure or a resolve is then on disk "
+							 "before anyone is told it, whatever synchronous_commit says.",
+							 &idem_synchronous_outcomes,
+							 true,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.tombstone_ttl",
+							"Time a finished record is kept as a tombstone past its expiry.",
+							"Cleanup purges the stored response of a record past its expiry "
+							"and deletes the rest this long after the expiry; until then a "
+							"claim of its key answers expired.  0 deletes at once.",
+							&idem_tombstone_ttl_s,
+							7 * 24 * 60 * 60, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("idempotency.cleanup_action",
+							 "What cleanup does with a record before purging or deleting it.",
+							 "archive copies the full record to idem_records_archive first; "
+							 "delete does not.",
+							 &idem_cleanup_action,
+							 IDEM_CLEANUP_DELETE, cleanup_action_options,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
 }

@@ -19,6 +19,23 @@
 
 #define IDEM_TOKEN_SECRET_LEN 16
 
+/* idempotency.cleanup_action */
+typedef enum IdemCleanupAction
+{
+	IDEM_CLEANUP_DELETE,
+	IDEM_CLEANUP_ARCHIVE
+} IdemCleanupAction;
+
+/*
+ * idempotency.synchronous_outcomes, idempotency.tombstone_ttl,
+ * idempotency.cleanup_action
+ */
+extern bool idem_synchronous_outcomes;
+extern int	idem_tombstone_ttl_s;
+extern int	idem_cleanup_action;
+
+extern void idem_records_init(void);
+
 /*
  * The scope and key of a record.  role is the database role that called the
  * function (idem_calling_role), never an argument: it keeps roles apart.

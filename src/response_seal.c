@@ -36,7 +36,6 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
-#include "idempotency.h"
 #include "pg_compat.h"
 #include "response_seal.h"
 #include "sha256.h"
@@ -63,6 +62,12 @@ typedef struct SealKey
 
 char	   *idem_encryption_key_text = NULL;
 char	   *idem_encryption_key_previous_text = NULL;
+
+/*
+ * Whether the library was loaded by shared_preload_libraries (set by
+ * idem_seal_init).
+ */
+static bool preloaded = false;
 
 static const SealKey *current_key = NULL;
 static const SealKey *previous_key = NULL;
@@ -173,7 +178,7 @@ idem_sealing_enabled(void)
 	 * start defines the key's protections before any session reads it.  A
 	 * key set without the preload may have been read; it is not used.
 	 */
-	if (!idem_preloaded)
+	if (!preloaded)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("idempotency.encryption_key is set but the library is not in shared_preload_libraries"),
@@ -463,4 +468,36 @@ key_id_hex(const uint8 *id)
 	hex_encode((const char *) id, SEAL_KEY_ID_LEN, hex);
 	hex[SEAL_KEY_ID_LEN * 2] = '\0';
 	return hex;
+}
+
+/*
+ * Define the two key settings.  Called from _PG_init on every load, with
+ * whether shared_preload_libraries is being processed: only a key defined
+ * then is protected before any session reads it.
+ */
+void
+idem_seal_init(bool shared_preload)
+{
+	preloaded = shared_preload;
+	DefineCustomStringVariable("idempotency.encryption_key",
+							   "Key that encrypts stored responses at rest: 64 hexadecimal digits (AES-256-GCM).",
+							   "Empty stores responses in plaintext.  Only superusers may set it; SHOW never prints it.",
+							   &idem_encryption_key_text,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+							   idem_check_encryption_key,
+							   idem_assign_encryption_key,
+							   idem_show_encryption_key);
+
+	DefineCustomStringVariable("idempotency.encryption_key_previous",
+							   "Earlier encryption key, still used to decrypt responses stored before a key rotation.",
+							   NULL,
+							   &idem_encryption_key_previous_text,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+							   idem_check_encryption_key,
+							   idem_assign_encryption_key_previous,
+							   idem_show_encryption_key_previous);
 }

@@ -15,6 +15,7 @@
 extern char *idem_encryption_key_text;
 extern char *idem_encryption_key_previous_text;
 
+extern void idem_seal_init(bool shared_preload);
 extern bool idem_check_encryption_key(char **newval, void **extra,
 									  GucSource source);
 extern void idem_assign_encryption_key(const char *newval, void *extra);

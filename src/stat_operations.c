@@ -49,6 +49,7 @@
  */
 #include "postgres.h"
 
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -68,6 +69,7 @@
 #include "storage/spin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -1020,4 +1022,45 @@ idem_stat_reset(PG_FUNCTION_ARGS)
 	stat_clear();
 	LWLockRelease(stat_shared->lock);
 	PG_RETURN_VOID();
+}
+
+/*
+ * Define the settings of the counters that can change after start-up.
+ * Called from _PG_init on every load.
+ */
+void
+idem_stat_init(void)
+{
+	DefineCustomBoolVariable("idempotency.track_operations",
+							 "Counts claim outcomes, completions and maintenance work in idem_stat_operations.",
+							 "Needs the library in shared_preload_libraries.",
+							 &idem_stat_track,
+							 true,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idempotency.stat_save",
+							 "Keeps the counters of idem_stat_operations across a clean server restart.",
+							 NULL,
+							 &idem_stat_save,
+							 true,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+}
+
+/*
+ * Define idempotency.stat_max, which sizes the shared area: a
+ * PGC_POSTMASTER setting, so only while shared_preload_libraries is
+ * processed.
+ */
+void
+idem_stat_define_postmaster_settings(void)
+{
+	DefineCustomIntVariable("idempotency.stat_max",
+							"Most (database, role, operation) entries idem_stat_operations keeps.",
+							"The least recently used are evicted to make room for new ones.",
+							&idem_stat_max,
+							5000, 100, INT_MAX / 2,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
 }

@@ -42,6 +42,8 @@ extern int	idem_stat_max;
 extern bool idem_stat_track;
 extern bool idem_stat_save;
 
+extern void idem_stat_init(void);
+extern void idem_stat_define_postmaster_settings(void);
 extern void idem_stat_install_hooks(void);
 
 /* Count a claim's answer and the time it took, at once. */

@@ -2,7 +2,7 @@
  *
  * state_machine.h
  *	  Record states and the one table of allowed transitions, shared by the
- *	  API and by the idem_records_guard trigger.
+ *	  API and by the idem_records_guard trigger (records_guard.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -55,7 +55,5 @@ extern const char *idem_policy_name(IdemLeasePolicy policy);
 extern bool idem_state_is_finished(IdemState state);
 extern bool idem_transition_allowed(IdemState from, IdemState to);
 extern void idem_check_change(const IdemChange *change);
-extern void idem_guard_allow_finished_insert(bool allow);
-extern AttrNumber idem_column_number(TupleDesc tupdesc, const char *name);
 
 #endif							/* IDEM_STATE_MACHINE_H */

@@ -34,7 +34,7 @@ static char *pause_at = NULL;
  * Define idempotency.test_pause.
  */
 void
-idem_test_pause_define_settings(void)
+idem_test_pause_init(void)
 {
 	DefineCustomStringVariable("idempotency.test_pause",
 							   "Pause point at which this session waits for advisory lock 478478 (test builds only).",

@@ -15,10 +15,11 @@
 #define IDEM_TEST_PAUSE_H
 
 #ifdef IDEM_TEST_PAUSE_POINTS
-extern void idem_test_pause_define_settings(void);
+extern void idem_test_pause_init(void);
 extern void idem_test_pause(const char *name);
 #define IDEM_TEST_PAUSE(name) idem_test_pause(name)
 #else
+#define idem_test_pause_init() ((void) 0)
 #define IDEM_TEST_PAUSE(name) ((void) 0)
 #endif
 

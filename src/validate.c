@@ -12,13 +12,17 @@
 #include "common/int.h"
 #include "datatype/timestamp.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "idempotency.h"
 #include "pg_compat.h"
 #include "security.h"
 #include "validate.h"
+
+int			idem_max_key_length = 255;
+int			idem_max_response_size = 1024 * 1024;
 
 static Size stored_size(FunctionCallInfo fcinfo, int argno);
 static char *interval_text(Interval *value);
@@ -461,4 +465,28 @@ interval_text(Interval *value)
 {
 	return DatumGetCString(DirectFunctionCall1(interval_out,
 											   IntervalPGetDatum(value)));
+}
+
+/*
+ * Define the limits on what a call may store: a key's length, a
+ * response's size.  Called from _PG_init on every load.
+ */
+void
+idem_validate_init(void)
+{
+	DefineCustomIntVariable("idempotency.max_response_size",
+							"Largest response stored for replay: body, headers and resource id together.",
+							"Also the limit of a recovery point.  Larger ones are refused with an error.",
+							&idem_max_response_size,
+							1024 * 1024, 1024, MaxAllocSize / 2,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_key_length",
+							"Longest idempotency key accepted, in bytes.",
+							NULL,
+							&idem_max_key_length,
+							255, 1, 8192,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
 }

@@ -13,6 +13,11 @@
 
 #include "state_machine.h"
 
+/* idempotency.max_key_length, idempotency.max_response_size */
+extern int	idem_max_key_length;
+extern int	idem_max_response_size;
+
+extern void idem_validate_init(void);
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name);
 extern void idem_check_key(text *key);
 extern void idem_check_name(text *value, const char *what, bool allow_empty);

@@ -55,6 +55,8 @@
  */
 #include "postgres.h"
 
+#include <limits.h>
+
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
@@ -80,7 +82,7 @@
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
-#include "idempotency.h"
+#include "catalog.h"
 #include "maintenance.h"
 #include "worker.h"
 #include "worker_status.h"
@@ -127,6 +129,10 @@ PGDLLEXPORT void idem_worker_main(Datum main_arg);
 PG_FUNCTION_INFO_V1(idem_launch_worker);
 
 /* In a cycle process: the name of its database, for log messages. */
+char	   *idem_worker_databases = NULL;
+int			idem_naptime_ms = 10 * 1000;
+int			idem_cleanup_delay_ms = 50;
+
 static char *worker_dbname = NULL;
 
 static List *database_list(bool report);
@@ -950,4 +956,46 @@ idem_launch_worker(PG_FUNCTION_ARGS)
 			 errmsg("could not start the idempotency worker"),
 			 errhint("More details may be available in the server log.")));
 	PG_RETURN_NULL();			/* keep the compiler quiet */
+}
+
+/*
+ * Define the worker's settings that can change after start-up: how long
+ * it sleeps between cycles, and between two cleanup transactions.  Called
+ * from _PG_init on every load.
+ */
+void
+idem_worker_init(void)
+{
+	DefineCustomIntVariable("idempotency.naptime",
+							"Time the background worker sleeps between cycles.",
+							NULL,
+							&idem_naptime_ms,
+							10 * 1000, 10, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.cleanup_delay",
+							"Time the background worker sleeps between two cleanup transactions of a cycle.",
+							"Spreads the deletion of a large backlog, leaving the processors to the claims meanwhile.",
+							&idem_cleanup_delay_ms,
+							50, 0, 10 * 1000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+}
+
+/*
+ * Define idempotency.database, the databases the launcher serves: a
+ * PGC_POSTMASTER setting, so only while shared_preload_libraries is
+ * processed.
+ */
+void
+idem_worker_define_postmaster_settings(void)
+{
+	DefineCustomStringVariable("idempotency.database",
+							   "Comma-separated list of databases the background worker serves.",
+							   "Takes effect at server start; use idem_launch_worker() for another database without a restart.",
+							   &idem_worker_databases,
+							   "postgres",
+							   PGC_POSTMASTER, 0,
+							   NULL, NULL, NULL);
 }

@@ -40,8 +40,6 @@
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
-#include "idempotency.h"
-#include "worker.h"
 #include "worker_status.h"
 
 #define IDEM_STATUS_SHMEM_NAME	"idempotency worker status"
@@ -82,6 +80,12 @@ static IdemWorkerStatus *idem_status = NULL;
 /* In a cycle process: the slot of its database. */
 static IdemWorkerSlot *my_slot = NULL;
 
+/*
+ * The databases idempotency.database lists, as _PG_init counted them; none
+ * without the preload, where that setting is not defined.
+ */
+static int	status_databases = 0;
+
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
@@ -98,7 +102,7 @@ static void status_shmem_startup(void);
 static int
 status_nslots(void)
 {
-	return max_worker_processes + idem_worker_database_count();
+	return max_worker_processes + status_databases;
 }
 
 /*
@@ -112,12 +116,14 @@ status_size(void)
 }
 
 /*
- * Install the shared-memory hooks.  Called from _PG_init while
- * shared_preload_libraries is processed.
+ * Install the shared-memory hooks, for a status area with a slot for each
+ * of the database_count databases idempotency.database lists.  Called from
+ * _PG_init while shared_preload_libraries is processed.
  */
 void
-idem_status_install_hooks(void)
+idem_status_install_hooks(int database_count)
 {
+	status_databases = database_count;
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = status_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;

@@ -20,7 +20,7 @@ typedef struct IdemWorkerProgress
 	int64		cleanup_batches;	/* cleanup transactions that deleted rows */
 } IdemWorkerProgress;
 
-extern void idem_status_install_hooks(void);
+extern void idem_status_install_hooks(int database_count);
 extern void idem_status_attach(void);
 
 extern bool idem_status_claim(Oid dboid, int *other_pid);

@@ -10,20 +10,17 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('tombstones');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'idempotency'
+my $node = preloaded_node(
+	'tombstones',
+	database => 'appdb',
+	conf => q{
 idempotency.database = 'appdb'
 idempotency.naptime = '100ms'
 idempotency.cleanup_grace = 0
 idempotency.cleanup_batch_size = 7
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE DATABASE appdb');
-$node->safe_psql('appdb', 'CREATE EXTENSION idempotency');
 
 # $n completed commands keyed $prefix1..$prefixN whose records expired $ago.
 sub finished

@@ -12,13 +12,13 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 use FindBin;
 
-my $node = PostgreSQL::Test::Cluster->new('stat_operations');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'idempotency'
+my $node = preloaded_node(
+	'stat_operations',
+	database => 'appdb',
+	conf => q{
 idempotency.database = 'appdb'
 idempotency.naptime = '100ms'
 idempotency.cleanup_grace = 0
@@ -26,9 +26,6 @@ idempotency.tombstone_ttl = 0
 idempotency.stat_max = 100
 restart_after_crash = on
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE DATABASE appdb');
-$node->safe_psql('appdb', 'CREATE EXTENSION idempotency');
 $node->safe_psql('appdb', 'CREATE SEQUENCE new_keys');
 
 my $clients = 8;

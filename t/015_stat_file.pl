@@ -9,17 +9,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('stat_file');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'idempotency'
+my $node = preloaded_node(
+	'stat_file',
+	database => 'appdb',
+	conf => q{
 idempotency.database = 'appdb'
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE DATABASE appdb');
-$node->safe_psql('appdb', 'CREATE EXTENSION idempotency');
 
 my $file = $node->data_dir . '/pg_stat/idem_stat_operations.stat';
 my $rows = q{SELECT count(*) FROM idem_stat_operations};

@@ -12,12 +12,12 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('archive_faults');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', q{
-shared_preload_libraries = 'idempotency'
+my $node = preloaded_node(
+	'archive_faults',
+	database => 'appdb',
+	conf => q{
 idempotency.database = 'appdb'
 idempotency.naptime = '100ms'
 idempotency.cleanup_grace = 0
@@ -25,9 +25,6 @@ idempotency.cleanup_batch_size = 7
 idempotency.cleanup_action = 'archive'
 restart_after_crash = on
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE DATABASE appdb');
-$node->safe_psql('appdb', 'CREATE EXTENSION idempotency');
 
 # $n completed commands keyed $prefix01..$prefixNN whose records expired an
 # hour ago, the first key the longest ago.
