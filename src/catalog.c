@@ -88,6 +88,7 @@ static void scope_index_columns(IdemCatalog *fresh, Oid nsp);
 static bool read_scope_index(IdemCatalog *fresh, bool *fits, bool *usable);
 static void check_column_types(const IdemCatalog *fresh);
 static bool extension_version_at_least(Oid ext, int major, int minor);
+static Oid	read_extension(Oid ext, char **version);
 static Oid	id_index(const IdemCatalog *fresh);
 static bool serves_id(HeapTuple index_tuple, AttrNumber id_attnum);
 static Oid	index_access_method(Oid index_oid);
@@ -529,30 +530,14 @@ idem_refuse_citus_table(Oid relid)
 static bool
 extension_version_at_least(Oid ext, int major, int minor)
 {
-	Relation	rel;
-	ScanKeyData key;
-	SysScanDesc scan;
-	HeapTuple	tuple;
 	int			has_major = 0;
 	int			has_minor = 0;
+	char	   *version = NULL;
 
-	rel = table_open(ExtensionRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ,
-				ObjectIdGetDatum(ext));
-	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
-	tuple = systable_getnext(scan);
-	if (HeapTupleIsValid(tuple))
-	{
-		bool		isnull;
-		Datum		version = heap_getattr(tuple, Anum_pg_extension_extversion,
-										   RelationGetDescr(rel), &isnull);
-
-		if (!isnull &&
-			sscanf(TextDatumGetCString(version), "%d.%d", &has_major, &has_minor) != 2)
-			has_major = has_minor = 0;
-	}
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
+	(void) read_extension(ext, &version);
+	if (version == NULL ||
+		sscanf(version, "%d.%d", &has_major, &has_minor) != 2)
+		has_major = has_minor = 0;
 	return has_major > major || (has_major == major && has_minor >= minor);
 }
 
@@ -1114,6 +1099,16 @@ enum_label_oid(Oid type, const char *label)
 Oid
 idem_extension_schema(Oid ext)
 {
+	return read_extension(ext, NULL);
+}
+
+/*
+ * An extension's schema, InvalidOid when there is no such extension, and
+ * its version into *version (palloc'd) when version is not NULL.
+ */
+static Oid
+read_extension(Oid ext, char **version)
+{
 	Relation	rel;
 	ScanKeyData key;
 	SysScanDesc scan;
@@ -1126,7 +1121,17 @@ idem_extension_schema(Oid ext)
 	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
 	tuple = systable_getnext(scan);
 	if (HeapTupleIsValid(tuple))
+	{
 		result = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
+		if (version != NULL)
+		{
+			bool		isnull;
+			Datum		value = heap_getattr(tuple, Anum_pg_extension_extversion,
+											 RelationGetDescr(rel), &isnull);
+
+			*version = isnull ? NULL : TextDatumGetCString(value);
+		}
+	}
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return result;
