@@ -36,7 +36,7 @@ CREATE TABLE payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 
 CREATE FUNCTION peer_claim(p_operation text, p_key text, p_request jsonb,
                            p_tenant text DEFAULT '',
-                           p_caller text DEFAULT current_user,
+                           p_caller text DEFAULT '',
                            p_ttl interval DEFAULT '1 day',
                            p_lease interval DEFAULT '30 seconds')
 RETURNS TABLE (outcome text, record_id bigint, attempt int, http_status int,
@@ -62,7 +62,7 @@ BEGIN
   END IF;
 
   SELECT * INTO r FROM peer_records p
-   WHERE p.role = current_user AND p.tenant = p_tenant AND p.caller = p_caller
+   WHERE p.role = to_regrole(current_user::text) AND p.tenant = p_tenant AND p.caller = p_caller
      AND p.operation = p_operation AND p.key = p_key
      FOR UPDATE;
 

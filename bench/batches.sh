@@ -93,7 +93,7 @@ write() { as_postgres tee "$SCRIPTS/$1.sql" >/dev/null; }
     echo '\set n random(1, 2000000000)'
     echo 'BEGIN;'
     for i in $(seq 1 "$ITEMS"); do
-        echo "INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state, attempt, on_lease_expiry, ttl, created_at, claimed_at, updated_at, completed_at, expires_at) VALUES ('', current_user, 'consumer', 'h' || $K || '$i', sha256('{\"amount\": $i}'::jsonb::text::bytea), 'succeeded', 1, 'unknown', '1 day', now(), now(), now(), now(), now() + interval '1 day') ON CONFLICT DO NOTHING;"
+        echo "INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state, attempt, on_lease_expiry, ttl, created_at, claimed_at, updated_at, completed_at, expires_at) VALUES ('', '', 'consumer', 'h' || $K || '$i', sha256('{\"amount\": $i}'::jsonb::text::bytea), 'succeeded', 1, 'unknown', '1 day', now(), now(), now(), now(), now() + interval '1 day') ON CONFLICT DO NOTHING;"
     done
     echo 'COMMIT;'
 } | write hand_client
@@ -103,7 +103,7 @@ write() { as_postgres tee "$SCRIPTS/$1.sql" >/dev/null; }
 } | write inbox_sql
 {
     echo '\set n random(1, 2000000000)'
-    echo "INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state, attempt, on_lease_expiry, ttl, created_at, claimed_at, updated_at, completed_at, expires_at) SELECT '', current_user, 'consumer', 'k' || $K || g, sha256(jsonb_build_object('amount', g)::text::bytea), 'succeeded', 1, 'unknown', '1 day', now(), now(), now(), now(), now() + interval '1 day' FROM generate_series(1, $ITEMS) g ON CONFLICT DO NOTHING;"
+    echo "INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state, attempt, on_lease_expiry, ttl, created_at, claimed_at, updated_at, completed_at, expires_at) SELECT '', '', 'consumer', 'k' || $K || g, sha256(jsonb_build_object('amount', g)::text::bytea), 'succeeded', 1, 'unknown', '1 day', now(), now(), now(), now(), now() + interval '1 day' FROM generate_series(1, $ITEMS) g ON CONFLICT DO NOTHING;"
 } | write hand_sql
 
 RESULTS=$SCRIPTS/results.txt
@@ -174,5 +174,5 @@ SELECT * FROM bench_one('idem_claim_many + idem_complete', \$q\$SELECT count(ide
 UNION ALL
 SELECT * FROM bench_one('idem_inbox', \$q\$SELECT count(*) FROM generate_series(1, $ITEMS) g WHERE idem_inbox('walconsumer', 'w-' || g, jsonb_build_object('amount', g)) = 'proceed'\$q\$)
 UNION ALL
-SELECT * FROM bench_one('INSERT ... ON CONFLICT DO NOTHING', \$q\$INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state, attempt, on_lease_expiry, ttl, created_at, claimed_at, updated_at, completed_at, expires_at) SELECT '', current_user, 'walconsumer', 'w-' || g, sha256(jsonb_build_object('amount', g)::text::bytea), 'succeeded', 1, 'unknown', '1 day', now(), now(), now(), now(), now() + interval '1 day' FROM generate_series(1, $ITEMS) g ON CONFLICT DO NOTHING\$q\$);
+SELECT * FROM bench_one('INSERT ... ON CONFLICT DO NOTHING', \$q\$INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state, attempt, on_lease_expiry, ttl, created_at, claimed_at, updated_at, completed_at, expires_at) SELECT '', '', 'walconsumer', 'w-' || g, sha256(jsonb_build_object('amount', g)::text::bytea), 'succeeded', 1, 'unknown', '1 day', now(), now(), now(), now(), now() + interval '1 day' FROM generate_series(1, $ITEMS) g ON CONFLICT DO NOTHING\$q\$);
 SQL

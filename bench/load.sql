@@ -26,7 +26,7 @@ SELECT 'q-' || g, true,
 INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state,
        attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
        updated_at, expires_at)
-SELECT '', current_user, 'payments.create', k, idem_fingerprint(req::jsonb),
+SELECT '', '', 'payments.create', k, idem_fingerprint(req::jsonb),
        'processing', 1, now() + interval '1 day', 'unknown', interval '1 day',
        now(), now(), now(), now() + interval '1 day'
   FROM seed;
@@ -39,7 +39,7 @@ INSERT INTO floor_records (tenant, caller, operation, key, fingerprint, state,
        attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
        updated_at, expires_at, response_status, response_body, response_headers,
        completed_at)
-SELECT '', current_user, 'payments.create', k, idem_fingerprint(req::jsonb),
+SELECT '', '', 'payments.create', k, idem_fingerprint(req::jsonb),
        CASE WHEN finished THEN 'succeeded' ELSE 'processing' END::idem_state, 1,
        now() + interval '1 day', 'unknown', interval '1 day', now(), now(), now(),
        now() + interval '1 day',

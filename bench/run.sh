@@ -194,7 +194,7 @@ copy_records() {
         expired) ts="now() - interval '10 days'" ;;
     esac
     as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -c "COPY (
-        SELECT current_user, '', current_user, 'payments.create',
+        SELECT current_user, '', '', 'payments.create',
                'n-' || g % 4 || '-' || (g * 2654435761) % 2000000000 || '-$age' || g,
                fp, 'succeeded', 1, 'unknown', interval '1 day', 201,
                '{\"Location\": \"/payments/PAY-1\"}',
