@@ -29,7 +29,7 @@ set -euo pipefail
 . "$(dirname "$0")/suite_package.sh"
 . "$(dirname "$0")/suite_release.sh"
 
-IDEM_SUITES="regress isolation tap walkthrough clients sharding consumer exporter package release"
+IDEM_SUITES="regress isolation tap walkthrough clients sharding consumer exporter package release citus"
 
 # wanted NAME: whether the suite NAME was asked for (all when none was).
 wanted() {
@@ -497,6 +497,10 @@ wanted package && run_package_suite
 
 # Release 1.1.0: the version is the same everywhere (scripts/suite_release.sh).
 wanted release && run_release_suite
+
+# The Citus layout of examples/sharding/citus, against the PostgreSQL with
+# Citus that CITUS_PG_CONFIG names, skipped without it (scripts/suite_citus.sh).
+wanted citus && . "$IDEM_ROOT/scripts/suite_citus.sh"
 
 # No internal error (XX000) and no crash in the log of any server the
 # suites above ran: what an owner or a caller may do is refused with a

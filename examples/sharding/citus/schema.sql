@@ -1,0 +1,256 @@
+-- examples/sharding/citus/schema.sql: the Citus layout (docs/scaling.md,
+-- "Citus"; README.md beside this file).
+--
+-- Run by a superuser on the coordinator, in the database Citus serves, once
+-- the workers are added (citus_add_node) and the idempotency library is in
+-- shared_preload_libraries on every node:
+--     psql -v ON_ERROR_STOP=1 -d appdb -f examples/sharding/citus/schema.sql
+--
+-- idem_records stays an ordinary table on each node: the extension's
+-- functions write it directly, through none of the hooks by which Citus
+-- routes writes, and refuse to run when it is a Citus table of any kind.
+-- The business tables are distributed by tenant, and every function that
+-- claims is delegated to the node of the tenant's shard, where it checks
+-- first that the tenant's shard is placed there and that this node holds
+-- the records of that shard's tenants.
+
+-- CREATE EXTENSION on the coordinator creates it on every worker too;
+-- Citus makes no shell of an extension's tables, so each node has its own
+-- idem_records.
+CREATE EXTENSION IF NOT EXISTS idempotency;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idem_app') THEN
+        CREATE ROLE idem_app LOGIN;
+    END IF;
+END
+$$;
+
+-- The application role gets the functions below and nothing on
+-- idem_records, on every node (the delegated calls run as it there).
+SELECT run_command_on_all_nodes($$
+    GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_replay TO idem_app
+$$);
+
+-- The business table, distributed by tenant: every unique index holds it.
+CREATE TABLE payments (
+    tenant          text NOT NULL,
+    id              text NOT NULL
+                    DEFAULT 'pay_' || replace(gen_random_uuid()::text, '-', ''),
+    idempotency_key text NOT NULL,
+    amount          bigint NOT NULL CHECK (amount > 0),
+    currency        text NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, id)
+);
+SELECT create_distributed_table('payments', 'tenant');
+GRANT SELECT, INSERT ON payments TO idem_app;
+
+-- Where the records of each shard's tenants are: the node (its group) whose
+-- idem_records they were written to.  Filled here from the placements of
+-- the payments shards; a shard moved to another node (the rebalancer,
+-- citus_move_shard_placement, citus_drain_node) or split into new shards
+-- leaves it behind, and the check below refuses its tenants on every node
+-- until the shard is back where its records are.  A reference table: every
+-- node reads it locally.
+CREATE TABLE records_home (
+    shardid bigint PRIMARY KEY,
+    groupid integer NOT NULL
+);
+SELECT create_reference_table('records_home');
+INSERT INTO records_home (shardid, groupid)
+SELECT p.shardid, p.groupid
+  FROM pg_dist_placement p JOIN pg_dist_shard s USING (shardid)
+ WHERE s.logicalrelid = 'payments'::regclass;
+GRANT SELECT ON records_home TO idem_app;
+
+-- The shard's distribution metadata, locked in share mode until the end of
+-- the transaction, as Citus's own writes to a shard lock it: a shard move
+-- takes it exclusively for its last phase, so the move waits for a claim
+-- that passed the check below, and a claim that starts during that phase
+-- waits for it and then sees the shard's new placement.  Citus lets only
+-- the shard's owner take it: SECURITY DEFINER, owned by the superuser
+-- running this file.
+CREATE FUNCTION tenant_shard_lock(shard bigint) RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT lock_shard_metadata(5, ARRAY[shard])
+$$;
+
+-- Refuse, with 22023 and before anything is written, a call for a tenant
+-- whose payments shard is not placed on this node, or whose records are
+-- not on this node.
+CREATE FUNCTION tenant_check(tenant text) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    shard bigint;
+    here integer;
+    placed integer;
+    home integer;
+BEGIN
+    IF tenant IS NULL THEN
+        RAISE EXCEPTION 'tenant must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    shard := get_shard_id_for_distribution_column('payments', tenant);
+    PERFORM tenant_shard_lock(shard);
+    SELECT groupid INTO STRICT here FROM pg_dist_local_group;
+    SELECT min(groupid) INTO placed FROM pg_dist_placement WHERE shardid = shard;
+    IF placed IS DISTINCT FROM here THEN
+        RAISE EXCEPTION 'tenant "%" is not placed on this node', tenant
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('Its shard %s is placed on group %s; this node is group %s.',
+                                  shard, placed, here),
+                  HINT = 'Call the function on the coordinator with the tenant as a constant, so that Citus delegates it to the tenant''s node.';
+    END IF;
+    SELECT groupid INTO home FROM records_home WHERE shardid = shard;
+    IF home IS DISTINCT FROM here THEN
+        RAISE EXCEPTION 'the idempotency records of tenant "%" are not on this node', tenant
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('Its shard %s is placed on group %s, its records are on group %s: idem_records does not move with a shard.',
+                                  shard, placed, coalesce(home::text, 'none')),
+                  HINT = 'Move the shard back to the node of its records (examples/sharding/citus/README.md).';
+    END IF;
+END
+$$;
+
+-- Refuse a token sent with another tenant than the one it was claimed for.
+-- The token names a record of this node by its id; tenant_of_token() reads
+-- the record's tenant, which the application role cannot read itself:
+-- SECURITY DEFINER, with its search_path pinned to the extension's schema,
+-- answering only about records of a role the session may act as.  A token
+-- that names no record of the role passes here, and idem_complete or
+-- idem_fail refuses it.
+DO $do$
+BEGIN
+    EXECUTE format($f$
+CREATE FUNCTION tenant_of_token(token text, owner_role text) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = %I, pg_temp AS $body$
+BEGIN
+    IF NOT pg_catalog.pg_has_role(session_user, owner_role, 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to read the records of role "%%"', owner_role
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF token !~ '^[0-9]{1,18}[.]' THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT r.tenant FROM idem_records r
+             WHERE r.id = split_part(token, '.', 1)::bigint AND r.role = owner_role::regrole);
+END
+$body$$f$,
+    (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+      WHERE e.extname = 'idempotency'));
+END
+$do$;
+
+CREATE FUNCTION tenant_check_token(tenant text, token text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    claimed_for text := tenant_of_token(token, current_user::text);
+BEGIN
+    IF claimed_for IS NOT NULL AND claimed_for IS DISTINCT FROM tenant THEN
+        RAISE EXCEPTION 'attempt token belongs to another tenant'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The token names an attempt claimed for another tenant of this node.',
+                  HINT = 'Send the token with the tenant of its claim.';
+    END IF;
+END
+$$;
+
+--
+-- The one-transaction pattern: a payment of the tenant, claimed, written and
+-- completed in the one transaction of this call, on the tenant's node.
+--
+CREATE FUNCTION pay(tenant text, key text, amount bigint, currency text,
+                    OUT outcome text, OUT http_status integer, OUT payment_id text,
+                    OUT body jsonb, OUT error_code text, OUT retry_after integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    d idem_decision;
+BEGIN
+    PERFORM tenant_check(pay.tenant);
+    SELECT * INTO d
+      FROM idem_claim('payments.create', pay.key,
+                      jsonb_build_object('amount', pay.amount, 'currency', pay.currency),
+                      tenant => pay.tenant);
+    IF d.outcome = 'proceed' THEN
+        INSERT INTO payments (tenant, idempotency_key, amount, currency)
+             VALUES (pay.tenant, pay.key, pay.amount, pay.currency)
+          RETURNING id INTO payment_id;
+        body := jsonb_build_object('id', payment_id, 'amount', pay.amount,
+                                   'currency', pay.currency);
+        PERFORM idem_complete(d.token, 201, body, resource_id => payment_id);
+        outcome := 'proceed';
+        http_status := 201;
+        RETURN;
+    END IF;
+    outcome := d.outcome;
+    http_status := d.http_status;
+    payment_id := d.resource_id;
+    body := d.body;
+    error_code := d.error_code;
+    retry_after := d.retry_after;
+END
+$$;
+
+--
+-- The three-transaction pattern: claim (commits a processing record with a
+-- lease), the external call, then complete or fail with the token.  The
+-- token names a record of the tenant's node: the tenant travels with it,
+-- and Citus delegates the completion by the tenant.
+--
+CREATE FUNCTION claim(tenant text, operation text, key text, request jsonb, lease interval,
+                      OUT outcome text, OUT token text, OUT http_status integer,
+                      OUT body jsonb, OUT resource_id text, OUT error_code text,
+                      OUT retry_after integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tenant_check(claim.tenant);
+    SELECT d.outcome, d.token, d.http_status, d.body, d.resource_id, d.error_code, d.retry_after
+      INTO claim.outcome, claim.token, claim.http_status, claim.body, claim.resource_id,
+           claim.error_code, claim.retry_after
+      FROM idem_claim(claim.operation, claim.key, claim.request, tenant => claim.tenant,
+                      lease => claim.lease) d;
+END
+$$;
+
+CREATE FUNCTION complete(tenant text, token text, http_status integer, body jsonb,
+                         resource_id text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tenant_check(complete.tenant);
+    PERFORM tenant_check_token(complete.tenant, complete.token);
+    PERFORM idem_complete(complete.token, complete.http_status, complete.body,
+                          resource_id => complete.resource_id);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION fail(tenant text, token text, http_status integer, body jsonb,
+                     retryable boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tenant_check(fail.tenant);
+    PERFORM tenant_check_token(fail.tenant, fail.token);
+    PERFORM idem_fail(fail.token, fail.http_status, fail.body, retryable => fail.retryable);
+    RETURN true;
+END
+$$;
+
+-- Citus creates every function above on each node too.  These four are
+-- delegated by the tenant, in its shard's colocation group;
+-- force_delegation: also inside a transaction block, which then runs on
+-- the tenant's node until it ends.
+SELECT create_distributed_function('pay(text, text, bigint, text)', 'tenant',
+                                   colocate_with => 'payments', force_delegation => true);
+SELECT create_distributed_function('claim(text, text, text, jsonb, interval)', 'tenant',
+                                   colocate_with => 'payments', force_delegation => true);
+SELECT create_distributed_function('complete(text, text, integer, jsonb, text)', 'tenant',
+                                   colocate_with => 'payments', force_delegation => true);
+SELECT create_distributed_function('fail(text, text, integer, jsonb, boolean)', 'tenant',
+                                   colocate_with => 'payments', force_delegation => true);
+
+REVOKE ALL ON FUNCTION tenant_shard_lock, tenant_check, tenant_of_token, tenant_check_token,
+                       pay, claim, complete, fail FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tenant_shard_lock, tenant_check, tenant_of_token, tenant_check_token,
+                          pay, claim, complete, fail TO idem_app;

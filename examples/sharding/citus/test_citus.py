@@ -1,0 +1,431 @@
+#!/usr/bin/env python3
+"""examples/sharding/citus/test_citus.py: end-to-end test of the Citus layout.
+
+Runs against a coordinator and two workers (on 127.0.0.1) where the database
+idem_citus holds the layout of schema.sql, and the databases
+idem_citus_distributed, idem_citus_reference and idem_citus_local have Citus
+and nothing else:
+
+    python3 test_citus.py --coordinator 5432 --workers 5433,5434
+
+Application calls are made as the role idem_app on the coordinator (Citus
+delegates them to the tenant's node); the checks read each node directly as
+postgres.  In those three, idem_records is made a Citus table in each way
+Citus allows (distributed, reference, added to the metadata as a local
+table): every claim, completion and maintenance pass
+must refuse there with 55000 on every node where it is a Citus table,
+including a session that had used the extension before, and write nothing.
+Prints a line per check and "N passed, N failed"; exits non-zero on a
+failure.
+"""
+
+import argparse
+import sys
+import threading
+import time
+
+import psycopg2
+import psycopg2.errors
+
+passed = 0
+failed = 0
+DB = "idem_citus"
+# idem_records made a Citus table, one database per way
+REFUSED_DBS = ("idem_citus_distributed", "idem_citus_reference", "idem_citus_local")
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("ok     " + name, flush=True)
+    else:
+        failed += 1
+        print("FAILED " + name + (": " + detail if detail else ""), flush=True)
+
+
+def connect(port, user="postgres", dbname=DB):
+    conn = psycopg2.connect(host="127.0.0.1", port=port, user=user, dbname=dbname)
+    conn.autocommit = True
+    return conn
+
+
+def query(conn, sql, args=()):
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall() if cur.description else None
+
+
+def one(conn, sql, args=()):
+    return query(conn, sql, args)[0][0]
+
+
+def sqlstate_of(fn):
+    """The SQLSTATE fn raises, or None."""
+    try:
+        fn()
+    except psycopg2.Error as e:
+        return e.pgcode
+    return None
+
+
+class Cluster:
+    def __init__(self, coordinator, workers):
+        self.coord_port = coordinator
+        self.worker_ports = workers
+        self.admin = {p: connect(p) for p in [coordinator] + workers}
+        self.coord = self.admin[coordinator]
+        self.app = connect(coordinator, "idem_app")
+
+    def pay(self, tenant, key, conn=None, amount=100):
+        return query(conn or self.app,
+                     "SELECT outcome, payment_id FROM pay(%s, %s, %s, 'EUR')",
+                     (tenant, key, amount))[0]
+
+    def payments(self, tenant, key):
+        return one(self.coord, "SELECT count(*) FROM payments WHERE tenant = %s AND idempotency_key = %s",
+                   (tenant, key))
+
+    def records(self, tenant, key):
+        """The records of (tenant, key) on each node: {port: count}."""
+        return {p: one(c, "SELECT count(*) FROM idem_records WHERE tenant = %s AND key = %s",
+                       (tenant, key))
+                for p, c in self.admin.items()}
+
+    def node_of(self, tenant):
+        """The port of the node where the tenant's payments shard is placed."""
+        return one(self.coord, """
+            SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+             WHERE p.shardid = get_shard_id_for_distribution_column('payments', %s)""", (tenant,))
+
+    def tenant_on(self, port, prefix):
+        """A tenant name whose shard is placed on the node of port."""
+        for i in range(1000):
+            t = "%s-%03d" % (prefix, i)
+            if self.node_of(t) == port:
+                return t
+        raise RuntimeError("no tenant placed on %s" % port)
+
+
+def test_layout(c):
+    w1, w2 = c.worker_ports
+    t = c.tenant_on(w1, "tenant")
+
+    # A new key, then its retry: delegated to the tenant's node.
+    first = c.pay(t, "k-new")
+    again = c.pay(t, "k-new")
+    check("a new key proceeds on the tenant's node, its retry replays the same payment",
+          first[0] == "proceed" and again == ("replay", first[1]), "%r then %r" % (first, again))
+    check("  ... one payment", c.payments(t, "k-new") == 1)
+    check("  ... its record is on the tenant's node only",
+          c.records(t, "k-new") == {c.coord_port: 0, w1: 1, w2: 0}, repr(c.records(t, "k-new")))
+
+    # Inside BEGIN ... COMMIT: force_delegation sends the call, and the rest
+    # of the transaction, to the tenant's node.
+    conn = connect(c.coord_port, "idem_app")
+    conn.autocommit = False
+    a = c.pay(t, "k-tx", conn)[0]
+    b = c.pay(t, "k-tx", conn)[0]
+    conn.commit()
+    after = c.pay(t, "k-tx")[0]
+    check("in BEGIN ... COMMIT: proceed, replay in the same transaction, replay after",
+          (a, b, after) == ("proceed", "replay", "replay"), repr((a, b, after)))
+    check("  ... one payment, its record on the tenant's node only",
+          c.payments(t, "k-tx") == 1 and c.records(t, "k-tx") == {c.coord_port: 0, w1: 1, w2: 0},
+          repr(c.records(t, "k-tx")))
+    a = c.pay(t, "k-rollback", conn)[0]
+    conn.rollback()
+    b = c.pay(t, "k-rollback")[0]
+    check("in BEGIN ... ROLLBACK: the key proceeds again afterwards, one payment",
+          (a, b) == ("proceed", "proceed") and c.payments(t, "k-rollback") == 1, repr((a, b)))
+
+    # An attempt still open in one transaction: the same key from another
+    # session answers in_progress, then replay once the first commits.
+    a = c.pay(t, "k-open", conn)[0]
+    b = c.pay(t, "k-open")[0]
+    conn.commit()
+    d = c.pay(t, "k-open")[0]
+    check("a retry while the first attempt's transaction is open answers in_progress, then replay",
+          (a, b, d) == ("proceed", "in_progress", "replay"), repr((a, b, d)))
+    check("  ... one payment", c.payments(t, "k-open") == 1)
+    conn.close()
+
+    # Calls that Citus does not delegate run where they are called: the
+    # placement check refuses them with 22023, and nothing is written.
+    def refused(name, port, sql, key, in_block=False):
+        before = {p: one(x, "SELECT count(*) FROM idem_records") for p, x in c.admin.items()}
+        conn = connect(port, "idem_app")
+        conn.autocommit = not in_block
+        state = sqlstate_of(lambda: query(conn, sql, (t, key)))
+        conn.close()
+        after = {p: one(x, "SELECT count(*) FROM idem_records") for p, x in c.admin.items()}
+        check(name + ": refused with 22023", state == "22023", "got %s" % state)
+        check("  ... nothing written on any node, no payment",
+              before == after and c.payments(t, key) == 0, "%r -> %r" % (before, after))
+
+    refused("not delegated (the tenant from a subquery) on the coordinator", c.coord_port,
+            "SELECT (pay(v.t, v.k, 100, 'EUR')).outcome FROM (SELECT %s::text AS t, %s::text AS k) v",
+            "k-subquery")
+    refused("not delegated (the tenant from a subquery) on the worker without the tenant's shard",
+            w2, "SELECT (pay(v.t, v.k, 100, 'EUR')).outcome FROM (SELECT %s::text AS t, %s::text AS k) v",
+            "k-subquery-w2")
+    query(c.coord, """SELECT create_distributed_function('pay(text, text, bigint, text)', 'tenant',
+                                 colocate_with => 'payments', force_delegation => false)""")
+    try:
+        refused("without force_delegation, inside BEGIN (the call runs on the coordinator)",
+                c.coord_port, "SELECT outcome FROM pay(%s, %s, 100, 'EUR')", "k-no-force", in_block=True)
+    finally:
+        query(c.coord, """SELECT create_distributed_function('pay(text, text, bigint, text)', 'tenant',
+                                     colocate_with => 'payments', force_delegation => true)""")
+    # Called on the worker without the shard, with the tenant as a
+    # constant, the call is delegated like on the coordinator.
+    x = c.pay(t, "k-from-w2", connect(w2, "idem_app"))[0]
+    check("called on the other worker with a constant tenant, the call is delegated: proceed on the tenant's node",
+          x == "proceed" and c.records(t, "k-from-w2") == {c.coord_port: 0, w1: 1, w2: 0},
+          "%s %r" % (x, c.records(t, "k-from-w2")))
+
+
+def test_concurrent(c):
+    w1, w2 = c.worker_ports
+    t = c.tenant_on(w2, "busy")
+    clients = 8
+    barrier = threading.Barrier(clients)
+    answers = []
+    errors = []
+    lock = threading.Lock()
+
+    def client():
+        conn = connect(c.coord_port, "idem_app")
+        try:
+            barrier.wait()
+            for _ in range(1000):
+                outcome, payment = c.pay(t, "k-race", conn)
+                if outcome != "in_progress":
+                    with lock:
+                        answers.append((outcome, payment))
+                    return
+            with lock:
+                errors.append("in_progress 1000 times")
+        except psycopg2.Error as e:
+            with lock:
+                errors.append("%s %s" % (e.pgcode, e))
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    proceeds = [a for a in answers if a[0] == "proceed"]
+    ids = {a[1] for a in answers}
+    check("%d concurrent sends of one key: one proceed, the others replay the same payment" % clients,
+          not errors and len(answers) == clients and len(proceeds) == 1 and len(ids) == 1
+          and all(a[0] in ("proceed", "replay") for a in answers),
+          "answers %r, errors %r" % (answers, errors))
+    check("  ... one payment, one record, on the tenant's node",
+          c.payments(t, "k-race") == 1 and c.records(t, "k-race") == {c.coord_port: 0, w1: 0, w2: 1},
+          repr(c.records(t, "k-race")))
+
+
+def test_maintenance(c):
+    """The passes on each node, by SQL and by the worker: each serves the
+    records of its own idem_records."""
+    for port in c.worker_ports:
+        t = c.tenant_on(port, "lease")
+        node = c.admin[port]
+        d = query(c.app, "SELECT outcome, token FROM claim(%s, 'ship', 'k-lease', '{}', '1 microsecond')",
+                  (t,))[0]
+        expired = one(node, "SELECT idem_expire_leases()")
+        state = one(node, "SELECT state::text FROM idem_records WHERE tenant = %s AND key = 'k-lease'", (t,))
+        check("node %s: idem_expire_leases() ends the lease of a claim delegated there" % port,
+              d[0] == "proceed" and expired >= 1 and state == "unknown", "%r %s %s" % (d, expired, state))
+        st = sqlstate_of(lambda: query(c.app, "SELECT complete(%s, %s, 200, '{}', NULL)", (t, d[1])))
+        check("  ... its token is refused afterwards (no effect recorded after the lease)", st is not None,
+              "completed")
+        # A record past its expiry, written on the node by a claim there.
+        query(node, """SELECT idem_complete(token, 200)
+                         FROM idem_claim('ship', 'k-expired', tenant => %s, ttl => '1 microsecond')""",
+              (t,))
+        deleted = one(node, "SELECT idem_cleanup()")
+        left = one(node, "SELECT count(*) FROM idem_records WHERE tenant = %s AND key = 'k-expired'", (t,))
+        check("node %s: idem_cleanup() deletes its expired records" % port, deleted >= 1 and left == 0,
+              "deleted %s, left %s" % (deleted, left))
+    check("the coordinator: idem_expire_leases() and idem_cleanup() run, with no record to pass over",
+          one(c.coord, "SELECT idem_expire_leases() + idem_cleanup()") == 0
+          and one(c.coord, "SELECT count(*) FROM idem_records") == 0)
+
+    # The worker of each node, started from SQL: a lease that ended on each
+    # worker node is expired by that node's worker.
+    keys = {}
+    for port in c.worker_ports:
+        t = c.tenant_on(port, "bgw")
+        query(c.app, "SELECT claim(%s, 'ship', 'k-bgw', '{}', '1 microsecond')", (t,))
+        keys[port] = t
+    for port, conn in c.admin.items():
+        query(conn, "SELECT idem_launch_worker()")
+    deadline = time.monotonic() + 60
+    states = {}
+    while time.monotonic() < deadline:
+        states = {p: one(c.admin[p], "SELECT state::text FROM idem_records WHERE tenant = %s AND key = 'k-bgw'",
+                         (t,)) for p, t in keys.items()}
+        cycles = {p: query(x, """SELECT cycles, last_error FROM idem_worker_status()
+                                  WHERE database = current_database()""")
+                  for p, x in c.admin.items()}
+        if all(s == "unknown" for s in states.values()) and \
+                all(r and r[0][0] >= 1 for r in cycles.values()):
+            break
+        time.sleep(0.2)
+    check("each worker node's background worker expires the leases of its own records",
+          all(s == "unknown" for s in states.values()), repr(states))
+    check("  ... and the three nodes' workers run their cycles without an error",
+          all(r and r[0][0] >= 1 and r[0][1] is None for r in cycles.values()), repr(cycles))
+
+
+def test_move(c):
+    w1, w2 = c.worker_ports
+    t = c.tenant_on(w1, "moving")
+    shard = one(c.coord, "SELECT get_shard_id_for_distribution_column('payments', %s)", (t,))
+    first = c.pay(t, "k-move")
+    check("before the move: the key proceeds", first[0] == "proceed", repr(first))
+
+    def move(src, dst):
+        query(c.coord, """SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,
+                                                              shard_transfer_mode => 'block_writes')""",
+              (shard, src, dst))
+
+    move(w1, w2)
+    check("citus_move_shard_placement moved the tenant's shard", c.node_of(t) == w2)
+    before = c.records(t, "k-move")
+    st = sqlstate_of(lambda: c.pay(t, "k-move"))
+    check("after the move, the retry (delegated to the new node, which has no record of it) is refused with 22023",
+          st == "22023", "got %s" % st)
+    st = sqlstate_of(lambda: c.pay(t, "k-after-move"))
+    check("  ... and so is a new key of the tenant", st == "22023", "got %s" % st)
+    st = sqlstate_of(lambda: query(connect(w1, "idem_app"),
+                                   "SELECT (pay(v.t, 'k-move', 100, 'EUR')).outcome FROM (SELECT %s::text AS t) v",
+                                   (t,)))
+    check("  ... and a call on the old node, not delegated", st == "22023", "got %s" % st)
+    check("  ... nothing written: one payment, the record on the old node only",
+          c.payments(t, "k-move") == 1 and c.payments(t, "k-after-move") == 0
+          and c.records(t, "k-move") == before == {c.coord_port: 0, w1: 1, w2: 0}, repr(before))
+    move(w2, w1)
+    again = c.pay(t, "k-move")
+    check("moved back to the node of its records: the retry replays the same payment",
+          again == ("replay", first[1]) and c.payments(t, "k-move") == 1, repr(again))
+
+
+def test_refusals(c):
+    """idem_records made a Citus table in each way: refused everywhere it is one."""
+    ports = [c.coord_port] + c.worker_ports
+    kinds = [
+        ("distributed by tenant", ["SET citus.enable_unsafe_triggers = on",
+                                   "ALTER TABLE idem_records DROP CONSTRAINT idem_records_pkey, ADD PRIMARY KEY (id, tenant)",
+                                   "SELECT create_distributed_table('idem_records', 'tenant')"]),
+        ("a reference table", ["SET citus.enable_unsafe_triggers = on",
+                               "SELECT create_reference_table('idem_records')"]),
+        ("added to the metadata as a local table", ["SET citus.enable_unsafe_triggers = on",
+                                                    "SELECT citus_add_local_table_to_metadata('idem_records')"]),
+    ]
+    for (kind, steps), db in zip(kinds, REFUSED_DBS):
+        admin = {p: connect(p, dbname=db) for p in ports}
+        coord = admin[c.coord_port]
+        query(coord, "CREATE EXTENSION IF NOT EXISTS idempotency")
+        query(coord, "CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        # A session on each node that has used the extension (its lookups
+        # are made), holding a token of an open attempt.
+        warm = {p: connect(p, dbname=db) for p in ports}
+        tokens = {p: one(w, "SELECT token FROM idem_claim('op', 'warm', lease => '1h')")
+                  for p, w in warm.items()}
+        # Emptied (DELETE keeps the sessions' lookups): Citus copies a
+        # table's rows into its new shards, where the extension's trigger
+        # refuses them on a node where idem_records is already a Citus table.
+        for p in ports:
+            query(admin[p], "DELETE FROM idem_records")
+        try:
+            for step in steps:
+                query(coord, step)
+        except psycopg2.Error as e:
+            # Citus 13.2 refuses this way itself: it would drop the
+            # identity's sequence, which belongs to the extension.
+            nowhere = all(one(admin[p], """SELECT count(*) FROM pg_dist_partition
+                                            WHERE logicalrelid = 'idem_records'::regclass""") == 0
+                          for p in ports)
+            check("idem_records %s: Citus refuses (%s), and it stays an ordinary table on every node"
+                  % (kind, e.pgcode), nowhere and kind == "added to the metadata as a local table",
+                  str(e).splitlines()[0])
+            continue
+        changed_at = one(coord, "SELECT now()")
+        for p in ports:
+            cit = one(admin[p], """SELECT count(*) FROM pg_dist_partition
+                                    WHERE logicalrelid = 'idem_records'::regclass""")
+            where = "coordinator" if p == c.coord_port else "worker %s" % p
+            if kind != "added to the metadata as a local table" or p == c.coord_port:
+                check("idem_records %s: a Citus table on the %s%s" % (
+                      kind, where, "" if p == c.coord_port else " (its shell)"), cit == 1)
+            if cit == 0:
+                st = sqlstate_of(lambda: query(admin[p], "SELECT idem_claim('op', 'local')"))
+                check("  ... not one on the %s: a claim there writes its own ordinary table" % where,
+                      st is None, "got %s" % st)
+                continue
+            heap = "SELECT tuple_count + dead_tuple_count FROM pgstattuple('idem_records')"
+            before = one(admin[p], heap)
+            calls = [
+                ("a claim", "SELECT idem_claim('op', 'k1')"),
+                ("a claim with the text API", "SELECT idem_claim_text('op', 'k1', '{}')"),
+                ("claims of many keys", "SELECT idem_claim_many('op', ARRAY['a', 'b'])"),
+                ("a completion", "SELECT idem_complete('%s', 200)" % tokens[p]),
+                ("a failure", "SELECT idem_fail('%s', 503)" % tokens[p]),
+                ("a heartbeat", "SELECT idem_heartbeat('%s', '1h')" % tokens[p]),
+                ("idem_expire_leases()", "SELECT idem_expire_leases()"),
+                ("idem_cleanup()", "SELECT idem_cleanup()"),
+            ]
+            fresh = connect(p, dbname=db)
+            states = {}
+            for name, sql in calls:
+                for who, conn in (("a new session", fresh), ("a session that used it before", warm[p])):
+                    states["%s, %s" % (name, who)] = sqlstate_of(lambda: query(conn, sql))
+            bad = {k: v for k, v in states.items() if v != "55000"}
+            check("  ... on the %s: every claim, completion and pass refused with 55000, "
+                  "in new sessions and in one that used the extension before" % where, not bad, repr(bad))
+            after = one(admin[p], heap)
+            check("  ... and nothing written to the node's idem_records", before == after,
+                  "%s tuples, then %s" % (before, after))
+            fresh.close()
+            # The node's background worker refuses its passes the same way.
+            query(admin[p], "SELECT idem_launch_worker() WHERE NOT EXISTS "
+                            "(SELECT 1 FROM idem_worker_status() WHERE database = current_database() AND pid IS NOT NULL)")
+            deadline = time.monotonic() + 60
+            err = None
+            while time.monotonic() < deadline:
+                r = query(admin[p], """SELECT last_error FROM idem_worker_status()
+                                        WHERE database = current_database() AND last_error_at > %s""",
+                          (changed_at,))
+                if r:
+                    err = r[0][0]
+                    break
+                time.sleep(0.2)
+            check("  ... and the node's background worker fails its cycles with the same error",
+                  err is not None and "is a Citus table" in err, repr(err))
+            check("  ... still nothing written", one(admin[p], heap) == after)
+        for w in list(warm.values()) + list(admin.values()):
+            w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--coordinator", type=int, required=True)
+    ap.add_argument("--workers", required=True)
+    args = ap.parse_args()
+    c = Cluster(args.coordinator, [int(p) for p in args.workers.split(",")])
+    for test in (test_layout, test_concurrent, test_maintenance, test_move, test_refusals):
+        try:
+            test(c)
+        except Exception as e:  # a test that broke counts as a failure
+            check(test.__name__ + " ran to its end", False, "%s: %s" % (type(e).__name__, e))
+    print("%d passed, %d failed" % (passed, failed), flush=True)
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
