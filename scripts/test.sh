@@ -14,6 +14,11 @@
 #                                           error)
 #   REGRESS="setup expiry" PROVE_TESTS=t/005_worker_tombstones.pl \
 #       bash scripts/test.sh regress tap    only these tests of a suite
+#   CITUS_PG_CONFIG=/path/to/pg_config bash scripts/test.sh citus
+#                                           the Citus layout on a coordinator
+#                                           and two workers of a PostgreSQL
+#                                           with Citus installed (skipped,
+#                                           and said so, without it)
 #   PG_VERSIONS="15 18" bash scripts/test.sh
 #                                           every suite on the first version
 #                                           (15 when PG_VERSIONS is not set),
