@@ -42,8 +42,8 @@ run_release_suite() {
     defaultversion=$sqlversion
     if [ "$(grep -m 1 '^## ' "$r/CHANGELOG.md")" = "## Unreleased" ]; then
         defaultversion=$(sed -nE "s/^default_version = '([0-9]+\.[0-9]+)'$/\1/p" "$r/idempotency.control")
-        rel_check "an update script from the released $sqlversion to the default version in DATA" 1 \
-            "$(grep -E '^DATA *=' "$r/Makefile" | grep -cE "idempotency--$sqlversion--$defaultversion\.sql")"
+        rel_check "update scripts in DATA lead from the released $sqlversion to the default version" \
+            "$defaultversion" "$(rel_update_path "$r" "$sqlversion" "$defaultversion")"
     fi
     rel_check "idempotency.control: default_version is $defaultversion" \
         "default_version = '$defaultversion'" "$(grep '^default_version' "$r/idempotency.control")"
@@ -57,7 +57,7 @@ print(m["version"], m["provides"]["idempotency"]["version"])' "$r/META.json")"
     rel_check "README.md: installs postgresql-15-idempotency_$version-1_amd64.deb" \
         "postgresql-15-idempotency_$version-1_amd64.deb " "$v"
     rel_check "an install path reaches version $defaultversion (idempotency--*$defaultversion.sql in DATA)" 1 \
-        "$(grep -E '^DATA *=' "$r/Makefile" | grep -cE "idempotency--([0-9.]+--)?$defaultversion\.sql")"
+        "$(rel_data "$r" | grep -cE "^idempotency--([0-9.]+--)?$defaultversion\.sql$")"
     rel_check "the released SQL scripts are unchanged" "" \
         "$(cd "$r" && echo "$IDEM_RELEASED_SQL" | sed '/^$/d' | sha256sum --quiet -c - 2>&1)"
     rel_check "LICENSE: the PostgreSQL Licence" 1 \
@@ -74,6 +74,24 @@ print(m["version"], m["provides"]["idempotency"]["version"])' "$r/META.json")"
     rel_check "README.md and docs/: every code block the suites do not run begins with a comment excerpt" "" \
         "$(rel_unmarked_blocks "$r")"
     [ "$rel_failed" = 0 ] || failed_suites+=(release)
+}
+
+# The files of the Makefile's DATA, one a line (continued lines joined).
+rel_data() {
+    sed -n '/^DATA *=/{:a;/\\$/{N;s/\\\n//;ba};s/^DATA *= *//;p}' "$1/Makefile" | tr -s ' \t' '\n'
+}
+
+# Follow the update scripts of DATA from version $2 towards $3 (one step
+# each, at most ten); prints the version reached.
+rel_update_path() {
+    local v=$2 next i
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        [ "$v" = "$3" ] && break
+        next=$(rel_data "$1" | sed -nE "s/^idempotency--${v//./\\.}--([0-9.]+)\.sql$/\1/p" | sort -V | tail -n 1)
+        [ -n "$next" ] || break
+        v=$next
+    done
+    echo "$v"
 }
 
 # The code blocks (with a language) of README.md and docs/*.md that neither
