@@ -105,7 +105,7 @@ BEGIN
         RETURN NULL;
     END IF;
     RETURN (SELECT r.tenant FROM idem_records r
-             WHERE r.id = split_part(token, '.', 1)::bigint AND r.role = owner_role);
+             WHERE r.id = split_part(token, '.', 1)::bigint AND r.role = pg_catalog.to_regrole(pg_catalog.quote_ident(owner_role)));
 END
 $body$$f$,
     (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
