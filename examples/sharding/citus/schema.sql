@@ -114,6 +114,17 @@ BEGIN
 END
 $$;
 
+-- The check's names are resolved in pg_catalog and this schema only, with
+-- pg_temp last: by the caller's search_path, where pg_temp comes first,
+-- temporary tables named pg_dist_placement, pg_dist_local_group or
+-- records_home would make it pass on a node that is not the tenant's.
+DO $do$
+BEGIN
+    EXECUTE format('ALTER FUNCTION tenant_check(text) SET search_path = pg_catalog, %I, pg_temp',
+                   current_schema());
+END
+$do$;
+
 -- Refuse a token sent with another tenant than the one it was claimed for.
 -- The token names a record of this node by its id; tenant_of_token() reads
 -- the record's tenant, which the application role cannot read itself:
