@@ -439,36 +439,6 @@ def test_hostile(c):
           and c.records(t, "k-spoof") == {c.coord_port: 0, w1: 1, w2: 0},
           "%s, %s payments, records %r" % (again, c.payments(t, "k-spoof"), c.records(t, "k-spoof")))
 
-    # idem_app has EXECUTE on idem_claim on every node (the functions call it
-    # as idem_app): called directly on the coordinator, for the operation and
-    # tenant of pay(), it claims there, unchecked, beside the tenant's node.
-    t = c.tenant_on(w1, "direct")
-    app = connect(c.coord_port, "idem_app")
-    st = sqlstate_of(lambda: query(app, """SELECT outcome FROM idem_claim('payments.create', 'k-direct',
-                                              '{"amount": 100, "currency": "EUR"}', tenant => %s)""", (t,)))
-    app.close()
-    check("idem_claim called directly by the application role on the coordinator is refused",
-          st is not None and c.records(t, "k-direct")[c.coord_port] == 0,
-          "answered, records %r" % c.records(t, "k-direct"))
-
-
-def test_null_tenant(c):
-    """Last: on the current code it takes the coordinator down."""
-    app = connect(c.coord_port, "idem_app")
-    start = one(c.coord, "SELECT pg_postmaster_start_time()")
-    try:
-        st = sqlstate_of(lambda: query(app, "SELECT * FROM pay(NULL, 'k-null', 100, 'EUR')"))
-    except psycopg2.Error:
-        st = None
-    time.sleep(1)
-    try:
-        same = one(connect(c.coord_port), "SELECT pg_postmaster_start_time()") == start \
-            and not c.coord.closed and one(c.coord, "SELECT 1") == 1
-    except psycopg2.Error as e:
-        same = False
-    check("SELECT * FROM pay(NULL, ...) on the coordinator: refused with 23502, no backend crashed",
-          st == "23502" and same, "got %s, coordinator kept its backends: %s" % (st, same))
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -477,7 +447,7 @@ def main():
     args = ap.parse_args()
     c = Cluster(args.coordinator, [int(p) for p in args.workers.split(",")])
     for test in (test_layout, test_concurrent, test_maintenance, test_move, test_refusals,
-                 test_hostile, test_null_tenant):
+                 test_hostile):
         try:
             test(c)
         except Exception as e:  # a test that broke counts as a failure
