@@ -207,7 +207,8 @@ idem_root_remove() {
 }
 
 # The test roots: PostgreSQL MAJOR from its distribution's packages, with
-# what scripts/test.sh's regress, isolation and TAP suites need, and the
+# what scripts/test.sh's regress, isolation and TAP suites need (gdb: for
+# t/023_lock_timeout_race.pl), and the
 # PostgreSQL before it (from the distribution before, whose packages the
 # newer one installs) for t/030_pg_upgrade.pl: Debian 12's 15 in the
 # Debian 13 root of 17, Debian 13's 17 in the unstable root of 18.
@@ -223,7 +224,7 @@ idem_test_root_tar() {
     # from the package suite's root of the same distribution
     base=$(idem_package_root_tar "$major") || return 1
     sources=$suite
-    packages="make gcc libc6-dev libssl-dev libipc-run-perl python3 python3-psycopg2 postgresql-contrib
+    packages="make gcc libc6-dev libssl-dev libipc-run-perl python3 python3-psycopg2 postgresql-contrib gdb
         postgresql-$major postgresql-server-dev-$major"
     old=$(idem_test_root_old "$major")
     if [ -n "$old" ]; then
@@ -267,7 +268,12 @@ idem_run_in_root() {
             --exclude=results --exclude=output_iso --exclude=tmp_check --exclude=node_modules \
             --exclude=__pycache__ -cf - . | tar -C "$dir/src" -xf -
         old=$(idem_test_root_old "$major")
-        idem_in_root "$dir" bash -c '
+        # the tests' selection and settings, as a run on this machine has them
+        local envs=() v
+        for v in REGRESS ISOLATION PROVE_TESTS IDEM_INVARIANT_SECONDS IDEM_FUZZ_CASES IDEM_FUZZ_SEED KEEP_TMP; do
+            [ -n "${!v:-}" ] && envs+=("$v=${!v}")
+        done
+        idem_in_root "$dir" env "${envs[@]}" bash -c '
             set -e
             cd /src
             if [ -n "$0" ]; then
