@@ -125,11 +125,22 @@ installcheck-all:
 	fi
 
 # The Debian package, postgresql-<version>-idempotency for each PostgreSQL
-# version in debian/pgversions, built by dpkg-buildpackage in a clean copy
-# of the tree (dpkg-buildpackage writes next to the folder it builds, and
-# cleans it): the .deb files land in build-deb/.  Needs debhelper,
-# postgresql-server-dev-all and build-essential (README, "Install the package").
-.PHONY: deb
+# version of debian/pgversions (15+) installed here with its development
+# files: Debian's own (15 on Debian 12, 17 on Debian 13, 18 on unstable),
+# built by dpkg-buildpackage in a clean copy of the tree (dpkg-buildpackage
+# writes next to the folder it builds, and cleans it): the .deb files land
+# in build-deb/.  debian/control is made for those versions from
+# debian/control.in (pg_buildext updatecontrol).  Unreleased work gets a
+# version that says so, never the last release's (scripts/deb_version.sh:
+# 1.2.0~dev+git<date>.<commit>-1, say), in a debian/changelog entry of the
+# copy (IDEM_DEB_VERSION=... names it instead).  Needs debhelper,
+# postgresql-server-dev-all and build-essential (README, "Install the
+# package").  make deb-all builds the package of 15, 17 and 18, each in a
+# root of its distribution (scripts/deb_all.sh, as root).
+.PHONY: deb deb-all
+deb-all:
+	bash $(srcdir)/scripts/deb_all.sh
+
 deb:
 	rm -rf build-deb
 	mkdir -p build-deb/src
@@ -137,6 +148,16 @@ deb:
 		--exclude='*.o' --exclude='*.so' --exclude='*.bc' --exclude=results \
 		--exclude=output_iso --exclude=tmp_check --exclude=log --exclude=node_modules \
 		--exclude=__pycache__ -cf - . | tar -C build-deb/src -xf -
+	@set -e; version=$${IDEM_DEB_VERSION:-$$(bash $(srcdir)/scripts/deb_version.sh $(abspath $(srcdir)))}; \
+	released=$$(sed -nE '1s/^[^ ]+ \(([^)]+)\).*/\1/p' $(srcdir)/debian/changelog); \
+	if [ "$$version" != "$$released" ]; then \
+		echo "deb: unreleased work after $$released: version $$version"; \
+		{ echo "pg-idempotency ($$version) UNRELEASED; urgency=medium"; echo; \
+		  echo "  * Unreleased work after $${released%-*}: see CHANGELOG.md, \"Unreleased\"."; echo; \
+		  sed -n '/^ -- /{p;q}' $(srcdir)/debian/changelog | sed -E "s/>  .*/>  $$(LC_ALL=C date -R)/"; echo; \
+		  cat $(srcdir)/debian/changelog; } >build-deb/src/debian/changelog; \
+	fi
+	cd build-deb/src && pg_buildext updatecontrol
 	cd build-deb/src && env -u IDEM_TEST_PAUSE dpkg-buildpackage -us -uc -b
 	rm -rf build-deb/src
 	@ls build-deb/*.deb

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# scripts/build_postgres.sh: build a PostgreSQL major version that Debian 12
-# does not package, from the source package of Debian's unstable suite, and
-# print the path of its pg_config.
+# scripts/build_postgres.sh: build a PostgreSQL major version from the
+# source package of Debian's unstable suite, and print the path of its
+# pg_config.  Only a fallback: scripts/test.sh runs 17 and 18 from Debian's
+# binary packages in a root of their distribution (scripts/roots.sh), and
+# calls this only with IDEM_PG_FROM_SOURCE=1, for a version installed
+# neither here nor in a root.
 #
 #   bash scripts/build_postgres.sh 18
 #
@@ -18,14 +21,17 @@
 #
 # Environment:
 #   IDEM_PG_CACHE   where builds are kept (default /var/cache/idempotency)
-#   IDEM_PG_MIRROR  the Debian mirror (default http://deb.debian.org/debian)
+#   IDEM_PG_MIRROR  the Debian mirror (default: the one of this machine's
+#                   apt sources)
 #   IDEM_PG_JOBS    make -j (default: the number of processors)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/roots.sh"
 
 major=${1:?usage: build_postgres.sh MAJOR_VERSION}
 cache=${IDEM_PG_CACHE:-/var/cache/idempotency}
-mirror=${IDEM_PG_MIRROR:-http://deb.debian.org/debian}
+mirror=${IDEM_PG_MIRROR:-$(idem_apt_mirrors | cut -d' ' -f1)}
+[ -n "$mirror" ] || { echo "build_postgres.sh: no Debian archive in this machine's apt sources; set IDEM_PG_MIRROR" >&2; exit 1; }
 jobs=${IDEM_PG_JOBS:-$(nproc)}
 
 # A finished build has its pg_config and the mark written last.

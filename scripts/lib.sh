@@ -5,19 +5,47 @@
 # (PostgreSQL refuses to run as root).  Sourced, not executed.
 #
 # Environment:
-#   PG_CONFIG   pg_config of the PostgreSQL to build against
-#               (default: /usr/lib/postgresql/15/bin/pg_config)
+#   PG_CONFIG   pg_config of the PostgreSQL to build against (default:
+#               the distribution's own PostgreSQL, /usr/lib/postgresql/N/bin/
+#               pg_config: 15 on Debian 12, 17 on Debian 13, what the package
+#               postgresql depends on elsewhere)
 #   KEEP_TMP=1  keep the temporary folder (cluster, logs, results) afterwards
 #   IDEM_POSTGRES  a program pg_ctl starts instead of postgres (scripts/sanitize.sh
 #               runs the server under valgrind that way)
 
 IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+
+# idem_distribution_major: the major version of the distribution's own
+# PostgreSQL: 15 on Debian 12 (bookworm), 17 on Debian 13 (trixie); on
+# another, the one its package postgresql depends on (postgresql-18 on
+# unstable today), or else the newest installed.
+idem_distribution_major() {
+    local codename= major=
+    codename=$( . /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+    case $codename in
+        bookworm) echo 15; return ;;
+        trixie) echo 17; return ;;
+    esac
+    major=$(apt-cache depends postgresql 2>/dev/null | sed -nE 's/^ *Depends: postgresql-([0-9]+)$/\1/p' | head -n 1)
+    if [ -z "$major" ]; then
+        major=$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -n 1)
+    fi
+    echo "${major:-15}"
+}
+IDEM_PG_MAJOR=$(idem_distribution_major)
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/$IDEM_PG_MAJOR/bin/pg_config}
 export PG_CONFIG
+# The major version of $PG_CONFIG (a pg_config named by the caller may not
+# be the distribution's), from its path /usr/lib/postgresql/N/bin.
+case $PG_CONFIG in
+    /usr/lib/postgresql/[0-9]*/bin/pg_config)
+        IDEM_PG_MAJOR=${PG_CONFIG#/usr/lib/postgresql/}
+        IDEM_PG_MAJOR=${IDEM_PG_MAJOR%%/*} ;;
+esac
 
 # (python3-psycopg2: the invariant checker of t/021_invariants.pl and the
 # fuzzer of t/025_claim_text_fuzz.pl)
-IDEM_PACKAGES="make gcc libc6-dev libssl-dev postgresql-15 postgresql-server-dev-15 postgresql-contrib libipc-run-perl python3 python3-psycopg2"
+IDEM_PACKAGES="make gcc libc6-dev libssl-dev postgresql-$IDEM_PG_MAJOR postgresql-server-dev-$IDEM_PG_MAJOR postgresql-contrib libipc-run-perl python3 python3-psycopg2"
 
 # What the example clients (examples/python, node, java, go) need: Debian's
 # psycopg2 for Debian's python3; node with npm, javac and go (any that is on
@@ -137,18 +165,20 @@ cached_postgres() {
     echo "$found"
 }
 
-# pg_config_for MAJOR: the pg_config of PostgreSQL MAJOR: $PG_CONFIG_<MAJOR>
-# when it is set (PG_CONFIG_18=/opt/pg18/bin/pg_config, say), else Debian's
-# for 15 (install_packages installs it) or any other installed, else one
-# built from source by scripts/build_postgres.sh (kept, so that only the
-# first run builds it).
+# pg_config_for MAJOR: the pg_config of PostgreSQL MAJOR on this machine:
+# $PG_CONFIG_<MAJOR> when it is set (PG_CONFIG_18=/opt/pg18/bin/pg_config,
+# say), else Debian's for the distribution's own version (install_packages
+# installs it) or any other installed, else, with IDEM_PG_FROM_SOURCE=1,
+# one built from source by scripts/build_postgres.sh (kept, so that only
+# the first run builds it); else nothing: scripts/test.sh then runs that
+# version in a root of its distribution (scripts/roots.sh).
 pg_config_for() {
     local own=PG_CONFIG_$1
     if [ -n "${!own:-}" ]; then
         echo "${!own}"
-    elif [ "$1" = 15 ] || [ -x "/usr/lib/postgresql/$1/bin/pg_config" ]; then
+    elif [ "$1" = "$(idem_distribution_major)" ] || [ -x "/usr/lib/postgresql/$1/bin/pg_config" ]; then
         echo "/usr/lib/postgresql/$1/bin/pg_config"
-    else
+    elif [ "${IDEM_PG_FROM_SOURCE:-}" = 1 ]; then
         bash "$IDEM_ROOT/scripts/build_postgres.sh" "$1"
     fi
 }

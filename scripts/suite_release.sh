@@ -53,9 +53,18 @@ print(m["version"], m["provides"]["idempotency"]["version"])' "$r/META.json")"
     rel_check "debian/changelog: version $version-1" "$version-1" \
         "$(sed -nE '1s/^[^ ]+ \(([^)]+)\).*/\1/p' "$r/debian/changelog")"
     rel_check "README.md: says version $version" 1 "$(grep -cE "^Version ${version//./\\.}[ ,]" "$r/README.md")"
-    v=$(grep -oE 'postgresql-15-idempotency_[0-9.]+-[0-9]+_amd64\.deb' "$r/README.md" | sort -u | tr '\n' ' ')
-    rel_check "README.md: installs postgresql-15-idempotency_$version-1_amd64.deb" \
-        "postgresql-15-idempotency_$version-1_amd64.deb " "$v"
+    v=$(grep -oE 'postgresql-[0-9]+-idempotency_[0-9.]+-[0-9]+_amd64\.deb' "$r/README.md" | sort -u | tr '\n' ' ')
+    rel_check "README.md: names the packages postgresql-15 and -17-idempotency_$version-1_amd64.deb" \
+        "postgresql-15-idempotency_$version-1_amd64.deb postgresql-17-idempotency_$version-1_amd64.deb " "$v"
+    # make deb's version (scripts/deb_version.sh): the release's while the
+    # tree is the release, a development version of the next one after it
+    v=$(bash "$r/scripts/deb_version.sh" "$r")
+    if [ "$defaultversion" = "$sqlversion" ] && [ "$(grep -m 1 '^## ' "$r/CHANGELOG.md")" != "## Unreleased" ]; then
+        rel_check "make deb's version is the release's, $version-1" "$version-1" "$v"
+    else
+        rel_check "make deb's version says the work is unreleased (not $version-1)" 1 \
+            "$(echo "$v" | grep -cE "^$defaultversion\.[0-9]+~dev(\+git[0-9]{14}\.[0-9a-f]+)?-1\$")"
+    fi
     rel_check "an install path reaches version $defaultversion (idempotency--*$defaultversion.sql in DATA)" 1 \
         "$(rel_data "$r" | grep -cE "^idempotency--([0-9.]+--)?$defaultversion\.sql$")"
     rel_check "the released SQL scripts are unchanged" "" \

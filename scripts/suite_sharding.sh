@@ -2,7 +2,7 @@
 # end to end.  Sourced by scripts/test.sh (after its other suites, whose
 # run_client it uses), in the throwaway cluster it started.
 #
-# Installs Debian's postgresql-15-plproxy when missing (and copies its files
+# Installs Debian's postgresql-N-plproxy (N the distribution's PostgreSQL) when missing (and copies its files
 # into the PostgreSQL of $PG_CONFIG when that is not Debian's own), creates
 # four shard databases and a proxy database in the cluster (layout.sh), and
 # runs examples/sharding/test_sharding.py against them: concurrent clients
@@ -28,7 +28,7 @@ check_plproxy_copy() {
     chmod 755 "$tree/pg_config"
     echo "an older plproxy.so" >"$tree/lib/plproxy.so"
     before=$(stat -c %i "$tree/lib/plproxy.so")
-    so=$(dpkg -L postgresql-15-plproxy 2>/dev/null | grep '/lib/plproxy\.so$' | head -n 1) || true
+    so=$(dpkg -L postgresql-$IDEM_PG_MAJOR-plproxy 2>/dev/null | grep '/lib/plproxy\.so$' | head -n 1) || true
     if PG_CONFIG=$tree/pg_config sharding_install_plproxy >/dev/null; then
         after=$(stat -c %i "$tree/lib/plproxy.so")
         left=$(find "$tree/lib" "$tree/share/extension" -name '.*' | wc -l)
@@ -54,7 +54,7 @@ run_sharding() {
     : >"$IDEM_GROUPS"
     . "$dir/layout.sh"
     # the package first: check_plproxy_copy copies its files
-    install_packages postgresql-15-plproxy
+    install_packages postgresql-$IDEM_PG_MAJOR-plproxy
     check_plproxy_copy
     if ! sharding_install_plproxy || ! sharding_setup \
         || ! as_postgres "$bindir/createdb" "$split" \

@@ -19,20 +19,26 @@
 #                                           and two workers of a PostgreSQL
 #                                           with Citus installed (skipped,
 #                                           and said so, without it)
-#   PG_VERSIONS="15 18" bash scripts/test.sh
+#   PG_VERSIONS="15 17 18" bash scripts/test.sh
 #                                           every suite on the first version
-#                                           (15 when PG_VERSIONS is not set),
-#                                           then the regress, isolation and
-#                                           TAP suites on each other version,
-#                                           and pg_upgrade from the first to
-#                                           it (a version Debian does not
-#                                           package is built from source once:
-#                                           scripts/build_postgres.sh)
+#                                           (the distribution's own when
+#                                           PG_VERSIONS is not set: 15 on
+#                                           Debian 12, 17 on Debian 13), then
+#                                           the regress, isolation and TAP
+#                                           suites on each other version:
+#                                           on this machine when it is
+#                                           installed here, else in a root of
+#                                           its distribution (17 Debian 13's,
+#                                           18 unstable's, from their binary
+#                                           packages: scripts/roots.sh), with
+#                                           pg_upgrade from the version
+#                                           before it (15 to 17, 17 to 18)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/suite_exporter.sh"
 . "$(dirname "$0")/suite_package.sh"
 . "$(dirname "$0")/suite_release.sh"
+. "$(dirname "$0")/roots.sh"
 
 IDEM_SUITES="regress isolation tap walkthrough clients sharding consumer exporter package release citus"
 
@@ -56,11 +62,16 @@ done
 # make reads IDEM_TEST_PAUSE from the environment, installcheck included.
 export IDEM_TEST_PAUSE=1
 
-# PG_VERSIONS names the versions; without it, PG_CONFIG (15 by default)
-# says which PostgreSQL the suites run against.
-read -ra idem_versions <<<"${PG_VERSIONS:-15}"
+# PG_VERSIONS names the versions; without it, PG_CONFIG (the
+# distribution's own PostgreSQL by default) says which PostgreSQL the
+# suites run against.
+read -ra idem_versions <<<"${PG_VERSIONS:-$IDEM_PG_MAJOR}"
 if [ -n "${PG_VERSIONS:-}" ]; then
     PG_CONFIG=$(pg_config_for "${idem_versions[0]}")
+    if [ -z "$PG_CONFIG" ]; then
+        echo "scripts/test.sh: PostgreSQL ${idem_versions[0]} is not installed here; the first of PG_VERSIONS is one this machine runs (the distribution's own is $IDEM_PG_MAJOR)" >&2
+        exit 2
+    fi
 fi
 
 trap cleanup EXIT
@@ -108,6 +119,36 @@ run_suite() {
     failed=$((failed + $(grep -cE '(\.\.\. +FAILED|^not ok [0-9]+ +[-+] |^t/.*\.\. $|^t/.*Failed|Dubious)' "$out" || true)))
 }
 
+# Our files compile without a warning under -Wall -Wextra against this
+# PostgreSQL (its own headers' warnings, -Wunused-parameter in ilist.h say,
+# are not ours): a build of its own, in a copy of the tree, with the pause
+# points as the suites build it.  With the regress suite.
+check_warnings() {
+    local dir=$IDEM_TMP/wextra ours
+    log "suite: warnings (-Wall -Wextra)"
+    mkdir -p "$dir"
+    tar -C "$IDEM_TMP/src" --exclude=./results --exclude=./output_iso --exclude=./tmp_check \
+        -cf - . | tar -C "$dir" -xf -
+    make -s -C "$dir" PG_CONFIG="$PG_CONFIG" clean >/dev/null 2>&1 || true
+    if ! make -s -C "$dir" -j2 PG_CONFIG="$PG_CONFIG" with_llvm=no COPT='-Wall -Wextra' \
+        >/dev/null 2>"$dir/warnings.log"; then
+        cat "$dir/warnings.log"
+        ours=build-failed
+    else
+        ours=$(grep -E '^[^/][^:]*:[0-9]+:[0-9]+: warning:' "$dir/warnings.log" || true)
+    fi
+    if [ -z "$ours" ]; then
+        echo "warnings (-Wall -Wextra, $("$PG_CONFIG" --version)) ... ok"
+        passed=$((passed + 1))
+    else
+        echo "$ours"
+        echo "warnings (-Wall -Wextra, $("$PG_CONFIG" --version)) ... FAILED"
+        failed_suites+=(warnings)
+        failed=$((failed + 1))
+    fi
+    rm -rf "$dir"
+}
+wanted regress && check_warnings
 wanted regress && run_suite regress ISOLATION= TAP_TESTS= ${REGRESS:+"REGRESS=$REGRESS"}
 wanted isolation && run_suite isolation REGRESS= TAP_TESTS= ${ISOLATION:+"ISOLATION=$ISOLATION"}
 wanted tap && run_suite tap REGRESS= ISOLATION= ${PROVE_TESTS:+"PROVE_TESTS=$PROVE_TESTS"}
@@ -535,20 +576,34 @@ check_server_logs
 # The other versions of PG_VERSIONS: the regress, isolation and TAP suites
 # (those asked for) in a run of this script of its own against each, which
 # builds and installs the extension there, starts a cluster of that version
-# and shows its own failures; its count is added to this run's.  Its TAP
-# suite upgrades a cluster of the first version, where the extension is
-# installed now, with pg_upgrade (t/030_pg_upgrade.pl).
+# and shows its own failures; its count is added to this run's.  A version
+# installed on this machine runs here, and its TAP suite upgrades a cluster
+# of the first version, where the extension is installed now, with
+# pg_upgrade (t/030_pg_upgrade.pl).  Another runs in a fresh root of its
+# distribution (scripts/roots.sh: 17 in Debian 13's, 18 in unstable's),
+# which holds the PostgreSQL before it too, for pg_upgrade from 15 to 17
+# and from 17 to 18.
 run_version() {
-    local version=$1 out=$IDEM_TMP/pg$1.out suites=() s counts
+    local version=$1 out=$IDEM_TMP/pg$1.out suites=() s counts pg_config
     for s in regress isolation tap; do wanted "$s" && suites+=("$s"); done
     [ ${#suites[@]} -gt 0 ] || return 0
-    log "PostgreSQL $version: ${suites[*]}"
-    if PG_VERSIONS=$version IDEM_RUN_LABEL="PostgreSQL $version" \
-        IDEM_UPGRADE_FROM=$(dirname "$("$PG_CONFIG" --bindir)") \
-        bash "$IDEM_ROOT/scripts/test.sh" "${suites[@]}" 2>&1 | tee "$out"; then
-        :
+    pg_config=$(pg_config_for "$version")
+    if [ -n "$pg_config" ]; then
+        log "PostgreSQL $version: ${suites[*]}"
+        if PG_VERSIONS=$version IDEM_RUN_LABEL="PostgreSQL $version" \
+            IDEM_UPGRADE_FROM=$(dirname "$("$PG_CONFIG" --bindir)") \
+            bash "$IDEM_ROOT/scripts/test.sh" "${suites[@]}" 2>&1 | tee "$out"; then
+            :
+        else
+            failed_suites+=("pg$version")
+        fi
     else
-        failed_suites+=("pg$version")
+        log "PostgreSQL $version, in a root of Debian $(idem_root_distribution "$version" || echo '?'): ${suites[*]}"
+        if idem_run_in_root "$version" "PostgreSQL $version" "${suites[@]}" 2>&1 | tee "$out"; then
+            :
+        else
+            failed_suites+=("pg$version")
+        fi
     fi
     counts=$(sed -nE "s/^PostgreSQL $version tests: ([0-9]+) passed, ([0-9]+) failed\$/\1 \2/p" "$out")
     if [ -n "$counts" ]; then
@@ -594,5 +649,11 @@ if [ ${#failed_suites[@]} -gt 0 ]; then
     [ "$failed" -gt 0 ] || failed=${#failed_suites[@]}
 fi
 
-echo "${IDEM_RUN_LABEL:+$IDEM_RUN_LABEL }tests: $passed passed, $failed failed"
+# (the versions, when there were several: "tests: N passed, N failed
+# (PostgreSQL 15, 17, 18)")
+idem_versions_note=
+if [ ${#idem_versions[@]} -gt 1 ]; then
+    idem_versions_note=" (PostgreSQL $(echo "${idem_versions[*]}" | sed 's/ /, /g'))"
+fi
+echo "${IDEM_RUN_LABEL:+$IDEM_RUN_LABEL }tests: $passed passed, $failed failed$idem_versions_note"
 [ ${#failed_suites[@]} -eq 0 ]
