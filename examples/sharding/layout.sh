@@ -13,7 +13,8 @@ SHARDING_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SHARDING_PROXY_DB=idem_proxy
 SHARDING_SHARD_DBS=(idem_shard0 idem_shard1 idem_shard2 idem_shard3)
 
-# Install Debian's postgresql-15-plproxy when missing, and make sure the
+# Install Debian's postgresql-N-plproxy (N the major version of $PG_CONFIG)
+# when missing, and make sure the
 # PostgreSQL of $PG_CONFIG has its files: the package installs them into
 # the system PostgreSQL's folders, which are $PG_CONFIG's own for Debian's
 # server but not for a PostgreSQL installed elsewhere, into which they are
@@ -22,11 +23,12 @@ SHARDING_SHARD_DBS=(idem_shard0 idem_shard1 idem_shard2 idem_shard3)
 # may have the old plproxy.so loaded, and a second run copying at the same
 # time sees the old file or the new one, never half of it.
 sharding_install_plproxy() {
-    local pkglibdir extdir f dest tmp
-    install_packages postgresql-15-plproxy || return
+    local pkglibdir extdir f dest tmp package
+    package=postgresql-$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')-plproxy
+    install_packages "$package" || return
     pkglibdir=$("$PG_CONFIG" --pkglibdir)
     extdir=$("$PG_CONFIG" --sharedir)/extension
-    for f in $(dpkg -L postgresql-15-plproxy); do
+    for f in $(dpkg -L "$package"); do
         case $f in
             */lib/plproxy.so) dest=$pkglibdir ;;
             */extension/plproxy*) dest=$extdir ;;
