@@ -23,8 +23,8 @@ check_plproxy_copy() {
     local tree=$IDEM_TMP/plproxy-tree so before after left
     rm -rf "$tree"
     mkdir -p "$tree/lib" "$tree/share/extension"
-    printf '#!/bin/sh\ncase $1 in --pkglibdir) echo %s/lib ;; --sharedir) echo %s/share ;; esac\n' \
-        "$tree" "$tree" >"$tree/pg_config"
+    printf '#!/bin/sh\ncase $1 in --pkglibdir) echo %s/lib ;; --sharedir) echo %s/share ;; --version) echo "PostgreSQL %s" ;; esac\n' \
+        "$tree" "$tree" "$IDEM_PG_MAJOR" >"$tree/pg_config"
     chmod 755 "$tree/pg_config"
     echo "an older plproxy.so" >"$tree/lib/plproxy.so"
     before=$(stat -c %i "$tree/lib/plproxy.so")
