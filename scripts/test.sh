@@ -82,6 +82,10 @@ if wanted clients; then
 elif wanted sharding || wanted consumer; then
     install_packages python3 python3-psycopg2
 fi
+# t/023 holds a backend with gdb; it would skip without it.
+if wanted tap; then
+    install_packages gdb
+fi
 build_and_install
 make_workdir
 # The worker serves "postgres" only, so that it never touches the records
