@@ -19,18 +19,29 @@
 -- idem_records.
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
+-- Two roles (Citus creates them on every node): idem_app, the
+-- application's, and idem_layout, which owns the layout's functions and
+-- which they run as (SECURITY DEFINER).  The application gets EXECUTE on
+-- pay, claim, complete and fail only: it cannot call the extension's
+-- functions on any node, so every claim passes the placement check below.
+-- The records are idem_layout's; the tenant, part of their scope, is what
+-- keeps one tenant's records from another's.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idem_app') THEN
         CREATE ROLE idem_app LOGIN;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idem_layout') THEN
+        CREATE ROLE idem_layout NOLOGIN;
+    END IF;
 END
 $$;
 
--- The application role gets the functions below and nothing on
--- idem_records, on every node (the delegated calls run as it there).
 SELECT run_command_on_all_nodes($$
-    GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_replay TO idem_app
+    REVOKE ALL ON FUNCTION idem_claim, idem_complete, idem_fail, idem_replay FROM PUBLIC, idem_app
+$$);
+SELECT run_command_on_all_nodes($$
+    GRANT EXECUTE ON FUNCTION idem_claim, idem_complete, idem_fail, idem_replay TO idem_layout
 $$);
 
 -- The business table, distributed by tenant: every unique index holds it.
@@ -45,7 +56,8 @@ CREATE TABLE payments (
     PRIMARY KEY (tenant, id)
 );
 SELECT create_distributed_table('payments', 'tenant');
-GRANT SELECT, INSERT ON payments TO idem_app;
+GRANT SELECT ON payments TO idem_app;
+GRANT SELECT, INSERT ON payments TO idem_layout;
 
 -- Where the records of each shard's tenants are: the node (its group) whose
 -- idem_records they were written to.  Filled here from the placements of
@@ -63,7 +75,7 @@ INSERT INTO records_home (shardid, groupid)
 SELECT p.shardid, p.groupid
   FROM pg_dist_placement p JOIN pg_dist_shard s USING (shardid)
  WHERE s.logicalrelid = 'payments'::regclass;
-GRANT SELECT ON records_home TO idem_app;
+GRANT SELECT ON records_home TO idem_layout;
 
 -- The shard's distribution metadata, locked in share mode until the end of
 -- the transaction, as Citus's own writes to a shard lock it: a shard move
@@ -127,26 +139,21 @@ $do$;
 
 -- Refuse a token sent with another tenant than the one it was claimed for.
 -- The token names a record of this node by its id; tenant_of_token() reads
--- the record's tenant, which the application role cannot read itself:
--- SECURITY DEFINER, with its search_path pinned to the extension's schema,
--- answering only about records of a role the session may act as.  A token
--- that names no record of the role passes here, and idem_complete or
--- idem_fail refuses it.
+-- the tenant of that record of idem_layout, which idem_layout cannot read
+-- itself: SECURITY DEFINER, with its search_path pinned to the extension's
+-- schema, and idem_layout's alone.  A token that names no record of
+-- idem_layout passes here, and idem_complete or idem_fail refuses it.
 DO $do$
 BEGIN
     EXECUTE format($f$
-CREATE FUNCTION tenant_of_token(token text, owner_role text) RETURNS text
+CREATE FUNCTION tenant_of_token(token text) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = %I, pg_temp AS $body$
 BEGIN
-    IF NOT pg_catalog.pg_has_role(session_user, owner_role, 'MEMBER') THEN
-        RAISE EXCEPTION 'permission denied to read the records of role "%%"', owner_role
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
     IF token !~ '^[0-9]{1,18}[.]' THEN
         RETURN NULL;
     END IF;
     RETURN (SELECT r.tenant FROM idem_records r
-             WHERE r.id = split_part(token, '.', 1)::bigint AND r.role = owner_role::regrole);
+             WHERE r.id = split_part(token, '.', 1)::bigint AND r.role = 'idem_layout'::regrole);
 END
 $body$$f$,
     (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
@@ -157,7 +164,7 @@ $do$;
 CREATE FUNCTION tenant_check_token(tenant text, token text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    claimed_for text := tenant_of_token(token, current_user::text);
+    claimed_for text := tenant_of_token(token);
 BEGIN
     IF claimed_for IS NOT NULL AND claimed_for IS DISTINCT FROM tenant THEN
         RAISE EXCEPTION 'attempt token belongs to another tenant'
@@ -248,6 +255,27 @@ BEGIN
 END
 $$;
 
+-- The layout's four functions run as idem_layout, whoever calls them, with
+-- their names resolved in pg_catalog, this schema and the extension's only
+-- (pg_temp last): the caller's search_path cannot put a table or function
+-- of its own in their way.
+DO $do$
+DECLARE
+    f text;
+BEGIN
+    FOREACH f IN ARRAY ARRAY['pay(text, text, bigint, text)',
+                             'claim(text, text, text, jsonb, interval)',
+                             'complete(text, text, integer, jsonb, text)',
+                             'fail(text, text, integer, jsonb, boolean)'] LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, %I, pg_temp',
+                       f, current_schema(),
+                       (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+                         WHERE e.extname = 'idempotency'));
+        EXECUTE format('ALTER FUNCTION %s OWNER TO idem_layout', f);
+    END LOOP;
+END
+$do$;
+
 -- Citus creates every function above on each node too.  These four are
 -- delegated by the tenant, in its shard's colocation group;
 -- force_delegation: also inside a transaction block, which then runs on
@@ -261,7 +289,10 @@ SELECT create_distributed_function('complete(text, text, integer, jsonb, text)',
 SELECT create_distributed_function('fail(text, text, integer, jsonb, boolean)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
 
+-- The helpers are idem_layout's to call, the four functions the
+-- application's.
 REVOKE ALL ON FUNCTION tenant_shard_lock, tenant_check, tenant_of_token, tenant_check_token,
                        pay, claim, complete, fail FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tenant_shard_lock, tenant_check, tenant_of_token, tenant_check_token,
-                          pay, claim, complete, fail TO idem_app;
+GRANT EXECUTE ON FUNCTION tenant_shard_lock, tenant_check, tenant_of_token, tenant_check_token
+   TO idem_layout;
+GRANT EXECUTE ON FUNCTION pay, claim, complete, fail TO idem_app;

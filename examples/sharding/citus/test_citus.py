@@ -185,6 +185,72 @@ def test_layout(c):
           "%s %r" % (x, c.records(t, "k-from-w2")))
 
 
+def test_roles(c):
+    """The application role reaches the records through the layout's
+    functions only: they run as the layout's owner, and the extension's
+    functions are not the application's on any node."""
+    w1, w2 = c.worker_ports
+    ports = [c.coord_port] + c.worker_ports
+    t = c.tenant_on(w1, "direct")
+    first = c.pay(t, "k-direct")
+    check("through the layout: a new key proceeds", first[0] == "proceed", repr(first))
+    before = c.records(t, "k-direct")
+    for port in ports:
+        where = "the tenant's node" if port == w1 else "a node without the tenant's shard"
+        app = connect(port, "idem_app")
+        st = sqlstate_of(lambda: query(app, """
+            SELECT outcome FROM idem_claim('payments.create', 'k-direct',
+                                           '{"amount": 100, "currency": "EUR"}', tenant => %s)""", (t,)))
+        check("node %s (%s): idem_claim called directly by the application role is refused with 42501"
+              % (port, where), st == "42501", "got %s" % st)
+        forged = "1.1." + "0" * 32
+        shard = one(c.coord, "SELECT get_shard_id_for_distribution_column('payments', %s)", (t,))
+        for name, sql, args in (
+                ("idem_replay", "SELECT idem_replay('payments.create', 'k-direct', tenant => %s)", (t,)),
+                ("idem_complete", "SELECT idem_complete(%s, 200)", (forged,)),
+                ("idem_fail", "SELECT idem_fail(%s, 503)", (forged,)),
+                ("tenant_check", "SELECT tenant_check(%s)", (t,)),
+                ("tenant_of_token", "SELECT tenant_of_token(%s)", (forged,)),
+                ("tenant_shard_lock", "SELECT tenant_shard_lock(%s)", (shard,))):
+            st = sqlstate_of(lambda: query(app, sql, args))
+            check("  ... and so is %s" % name, st == "42501", "got %s" % st)
+        app.close()
+    check("  ... nothing written on any node: one payment, the record on the tenant's node only",
+          c.records(t, "k-direct") == before == {c.coord_port: 0, w1: 1, w2: 0}
+          and c.payments(t, "k-direct") == 1, "%r -> %r" % (before, c.records(t, "k-direct")))
+    again = c.pay(t, "k-direct")
+    check("  ... and the retry through the layout replays the same payment",
+          again == ("replay", first[1]), repr(again))
+    owners = {p: query(c.admin[p], """
+        SELECT DISTINCT pg_get_userbyid(proowner)::text || ' ' || prosecdef::text || ' '
+               || coalesce(array_to_string(proconfig, ','), '')
+          FROM pg_proc WHERE proname IN ('pay', 'claim', 'complete', 'fail')
+                         AND pronamespace = 'public'::regnamespace""") for p in ports}
+    check("on every node, pay, claim, complete and fail are SECURITY DEFINER, owned by idem_layout, "
+          "search_path pinned",
+          all(len(o) == 1 and o[0][0].startswith("idem_layout true search_path=pg_catalog,")
+              and o[0][0].endswith("pg_temp") for o in owners.values()), repr(owners))
+    role = one(c.admin[w1], "SELECT role::text FROM idem_records WHERE tenant = %s AND key = 'k-direct'", (t,))
+    check("  ... so the records belong to the layout's owner", role == "idem_layout", repr(role))
+
+    # The tenant is in the scope: the same key under two tenants of one node
+    # is two commands, and a token goes back with its own tenant only.
+    t2 = c.tenant_on(w1, "other")
+    a = c.pay(t, "k-shared")
+    b = c.pay(t2, "k-shared")
+    check("the same key under two tenants of one node: each proceeds, two payments",
+          a[0] == b[0] == "proceed" and a[1] != b[1]
+          and c.payments(t, "k-shared") == 1 and c.payments(t2, "k-shared") == 1, "%r %r" % (a, b))
+    d = query(c.app, "SELECT outcome, token FROM claim(%s, 'ship', 'k-token', '{}', '1 hour')", (t,))[0]
+    st = sqlstate_of(lambda: query(c.app, "SELECT complete(%s, %s, 200, '{}', NULL)", (t2, d[1])))
+    state = one(c.admin[w1], "SELECT state::text FROM idem_records WHERE tenant = %s AND key = 'k-token'", (t,))
+    check("a token sent with another tenant of its node is refused with 55000, the attempt stays open",
+          d[0] == "proceed" and st == "55000" and state == "processing", "%r %s %s" % (d, st, state))
+    ok = one(c.app, "SELECT complete(%s, %s, 200, '{}', NULL)", (t, d[1]))
+    state = one(c.admin[w1], "SELECT state::text FROM idem_records WHERE tenant = %s AND key = 'k-token'", (t,))
+    check("  ... and with its own tenant it completes", ok is True and state == "succeeded", "%s %s" % (ok, state))
+
+
 def test_concurrent(c):
     w1, w2 = c.worker_ports
     t = c.tenant_on(w2, "busy")
@@ -446,7 +512,7 @@ def main():
     ap.add_argument("--workers", required=True)
     args = ap.parse_args()
     c = Cluster(args.coordinator, [int(p) for p in args.workers.split(",")])
-    for test in (test_layout, test_concurrent, test_maintenance, test_move, test_refusals,
+    for test in (test_layout, test_roles, test_concurrent, test_maintenance, test_move, test_refusals,
                  test_hostile):
         try:
             test(c)
