@@ -381,6 +381,129 @@ def test_move(c):
           again == ("replay", first[1]) and c.payments(t, "k-move") == 1, repr(again))
 
 
+def placements(c):
+    return query(c.coord, "SELECT shardid, groupid FROM pg_dist_placement ORDER BY shardid")
+
+
+def test_pinned(c):
+    """The rebalancer and citus_drain_node leave the shards of payments'
+    colocation group where they are (the default strategy, pin_records)."""
+    w1, w2 = c.worker_ports
+    t = c.tenant_on(w1, "pinned")
+    first = c.pay(t, "k-pinned")
+    # The coordinator may hold shards: the rebalancer then wants to move some there.
+    query(c.coord, "SELECT citus_set_node_property('127.0.0.1', %s, 'shouldhaveshards', true)", (c.coord_port,))
+    try:
+        by_count = one(c.coord, """SELECT count(*) FROM get_rebalance_table_shards_plan('payments',
+                                           rebalance_strategy => 'by_shard_count')""")
+        pinned = one(c.coord, "SELECT count(*) FROM get_rebalance_table_shards_plan('payments')")
+        check("with a node that has no shards, the strategy by_shard_count would move shards of payments,"
+              " the default strategy pin_records none", by_count > 0 and pinned == 0,
+              "%s moves, then %s" % (by_count, pinned))
+        before = placements(c)
+        query(c.coord, "SELECT rebalance_table_shards('payments')")
+        check("  ... rebalance_table_shards moves none", placements(c) == before)
+        query(c.coord, "SELECT citus_drain_node('127.0.0.1', %s)", (w1,))
+        check("  ... nor does citus_drain_node of the tenant's node", placements(c) == before)
+    finally:
+        query(c.coord, "SELECT citus_set_node_property('127.0.0.1', %s, 'shouldhaveshards', true)", (w1,))
+        query(c.coord, "SELECT citus_set_node_property('127.0.0.1', %s, 'shouldhaveshards', false)",
+              (c.coord_port,))
+    again = c.pay(t, "k-pinned")
+    check("  ... and the retry replays the same payment on the tenant's node",
+          first[0] == "proceed" and again == ("replay", first[1]), "%r then %r" % (first, again))
+
+
+SHARD_ROWS = "SELECT * FROM idem_records WHERE get_shard_id_for_distribution_column('payments', tenant) = %d"
+
+
+def test_carried(c):
+    """A shard moved by hand with its records (README.md, "Moving a shard
+    with its records"): retries replay on the new node, open attempts'
+    tokens still work there, a claim in flight when the move starts is
+    waited for and carried, and the calls in between are refused."""
+    import io
+    w1, w2 = c.worker_ports
+    t = c.tenant_on(w1, "carried")
+    shard = one(c.coord, "SELECT get_shard_id_for_distribution_column('payments', %s)", (t,))
+    paid = c.pay(t, "k-carried")
+    opened = query(c.app, "SELECT outcome, token FROM claim(%s, 'ship', 'k-open', '{}', '1 hour')", (t,))[0]
+    # A claim in flight: its transaction is open on the tenant's node.
+    inflight = connect(c.coord_port, "idem_app")
+    inflight.autocommit = False
+    flying = c.pay(t, "k-inflight", inflight)
+
+    # 1. Block the shard's tenants: no node holds their records now.
+    query(c.coord, "DELETE FROM records_home WHERE shardid = %s", (shard,))
+    st = sqlstate_of(lambda: c.pay(t, "k-blocked"))
+    check("moving by hand: once its records_home row is deleted, the shard's tenants are refused (22023)",
+          paid[0] == opened[0] == flying[0] == "proceed" and st == "22023",
+          "%r %r %r %s" % (paid, opened, flying, st))
+    # 2. Wait, on the old node, for the claims that passed the check.
+    lock = connect(w1)
+    lock.autocommit = False
+    done = threading.Event()
+
+    def take_lock():
+        query(lock, "SELECT lock_shard_metadata(7, ARRAY[%s]::bigint[])", (shard,))
+        lock.commit()
+        done.set()
+
+    th = threading.Thread(target=take_lock)
+    th.start()
+    deadline = time.monotonic() + 60
+    waiting = False
+    while time.monotonic() < deadline and not waiting:
+        waiting = one(c.admin[w1], """SELECT count(*) FROM pg_stat_activity
+                                       WHERE wait_event_type = 'Lock'
+                                         AND position('lock_shard_metadata(7' IN query) > 0""") > 0
+        if not waiting:
+            time.sleep(0.1)
+    check("  ... the exclusive lock of the shard's metadata on the old node waits for the claim in flight",
+          waiting and not done.is_set())
+    inflight.commit()
+    inflight.close()
+    th.join(60)
+    check("  ... and is granted once it commits", done.is_set())
+    lock.close()
+    # 3. Copy the shard's records, ids and tokens as they are, to the new node.
+    buf = io.StringIO()
+    with c.admin[w1].cursor() as cur:
+        cur.copy_expert("COPY (%s) TO STDOUT" % (SHARD_ROWS % shard), buf)
+    buf.seek(0)
+    with c.admin[w2].cursor() as cur:
+        cur.copy_expert("COPY idem_records FROM STDIN", buf)
+    # 4. Move the shard.  5. Its records are on the new node.
+    query(c.coord, """SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,
+                                                          shard_transfer_mode => 'block_writes')""",
+          (shard, w1, w2))
+    query(c.coord, """INSERT INTO records_home (shardid, groupid)
+                      SELECT %s, groupid FROM pg_dist_node WHERE nodeport = %s""", (shard, w2))
+    # 6. Delete them on the old node.
+    query(c.admin[w1], "DELETE FROM idem_records WHERE get_shard_id_for_distribution_column('payments', tenant) = %s",
+          (shard,))
+
+    again = c.pay(t, "k-carried")
+    late = c.pay(t, "k-inflight")
+    check("after the move: the retry of a key paid before it replays the same payment, on the new node",
+          c.node_of(t) == w2 and again == ("replay", paid[1]) and c.payments(t, "k-carried") == 1,
+          "%r then %r" % (paid, again))
+    check("  ... so does the key claimed in flight when the move started",
+          late == ("replay", flying[1]) and c.payments(t, "k-inflight") == 1, "%r then %r" % (flying, late))
+    done_ok = sqlstate_of(lambda: query(c.app, "SELECT complete(%s, %s, 200, '{}', NULL)", (t, opened[1])))
+    state = one(c.admin[w2], "SELECT state::text FROM idem_records WHERE tenant = %s AND key = 'k-open'", (t,))
+    check("  ... the token of an attempt opened before the move completes it on the new node",
+          done_ok is None and state == "succeeded", "%s %s" % (done_ok, state))
+    check("  ... the tenant's records are on the new node only, none was refused a key",
+          {k: c.records(t, k) for k in ("k-carried", "k-open", "k-inflight", "k-blocked")}
+          == {"k-carried": {c.coord_port: 0, w1: 0, w2: 1}, "k-open": {c.coord_port: 0, w1: 0, w2: 1},
+              "k-inflight": {c.coord_port: 0, w1: 0, w2: 1}, "k-blocked": {c.coord_port: 0, w1: 0, w2: 0}},
+          repr({k: c.records(t, k) for k in ("k-carried", "k-open", "k-inflight")}))
+    new = c.pay(t, "k-after-carry")
+    check("  ... and a new key proceeds there", new[0] == "proceed"
+          and c.records(t, "k-after-carry") == {c.coord_port: 0, w1: 0, w2: 1}, repr(new))
+
+
 def test_refusals(c):
     """idem_records made a Citus table in each way: refused everywhere it is one."""
     ports = [c.coord_port] + c.worker_ports
@@ -512,8 +635,8 @@ def main():
     ap.add_argument("--workers", required=True)
     args = ap.parse_args()
     c = Cluster(args.coordinator, [int(p) for p in args.workers.split(",")])
-    for test in (test_layout, test_roles, test_concurrent, test_maintenance, test_move, test_refusals,
-                 test_hostile):
+    for test in (test_layout, test_roles, test_concurrent, test_maintenance, test_move, test_pinned,
+                 test_carried, test_refusals, test_hostile):
         try:
             test(c)
         except Exception as e:  # a test that broke counts as a failure
