@@ -215,39 +215,71 @@ BEGIN
 END
 $$;
 
+-- The layout's functions are in two parts.  pay_delegated, claim_delegated,
+-- complete_delegated and fail_delegated do the work: Citus delegates them
+-- to the tenant's node, where they run as idem_layout.  pay, claim,
+-- complete and fail, which the application calls, are one-line SQL
+-- functions that PostgreSQL inlines while planning the call, before Citus
+-- looks at it: the call becomes one of the delegated function, with the
+-- tenant passed through tenant_required().  That function is immutable, so
+-- the planner evaluates it on a constant tenant; on a NULL tenant it raises
+-- 22004 there, before Citus's delegation, which ends the backend on a NULL
+-- distribution argument (Citus 13.2.2).
+
+CREATE FUNCTION tenant_required(tenant text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF tenant IS NULL THEN
+        RAISE EXCEPTION 'tenant must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN tenant;
+END
+$$;
+
+-- What pay and claim answer (a named type: PostgreSQL does not inline a
+-- function that returns record).
+CREATE TYPE pay_result AS (outcome text, http_status integer, payment_id text, body jsonb,
+                           error_code text, retry_after integer);
+CREATE TYPE claim_result AS (outcome text, token text, http_status integer, body jsonb,
+                             resource_id text, error_code text, retry_after integer);
+
 --
 -- The one-transaction pattern: a payment of the tenant, claimed, written and
 -- completed in the one transaction of this call, on the tenant's node.
 --
-CREATE FUNCTION pay(tenant text, key text, amount bigint, currency text,
-                    OUT outcome text, OUT http_status integer, OUT payment_id text,
-                    OUT body jsonb, OUT error_code text, OUT retry_after integer)
+CREATE FUNCTION pay_delegated(tenant text, key text, amount bigint, currency text)
+RETURNS pay_result
 LANGUAGE plpgsql AS $$
 DECLARE
     d idem_decision;
+    r pay_result;
 BEGIN
-    PERFORM tenant_check(pay.tenant);
+    PERFORM tenant_check(pay_delegated.tenant);
     SELECT * INTO d
-      FROM idem_claim('payments.create', pay.key,
-                      jsonb_build_object('amount', pay.amount, 'currency', pay.currency),
-                      tenant => pay.tenant);
+      FROM idem_claim('payments.create', pay_delegated.key,
+                      jsonb_build_object('amount', pay_delegated.amount,
+                                         'currency', pay_delegated.currency),
+                      tenant => pay_delegated.tenant);
     IF d.outcome = 'proceed' THEN
         INSERT INTO payments (tenant, idempotency_key, amount, currency)
-             VALUES (pay.tenant, pay.key, pay.amount, pay.currency)
-          RETURNING id INTO payment_id;
-        body := jsonb_build_object('id', payment_id, 'amount', pay.amount,
-                                   'currency', pay.currency);
-        PERFORM idem_complete(d.token, 201, body, resource_id => payment_id);
-        outcome := 'proceed';
-        http_status := 201;
-        RETURN;
+             VALUES (pay_delegated.tenant, pay_delegated.key, pay_delegated.amount,
+                     pay_delegated.currency)
+          RETURNING id INTO r.payment_id;
+        r.body := jsonb_build_object('id', r.payment_id, 'amount', pay_delegated.amount,
+                                     'currency', pay_delegated.currency);
+        PERFORM idem_complete(d.token, 201, r.body, resource_id => r.payment_id);
+        r.outcome := 'proceed';
+        r.http_status := 201;
+        RETURN r;
     END IF;
-    outcome := d.outcome;
-    http_status := d.http_status;
-    payment_id := d.resource_id;
-    body := d.body;
-    error_code := d.error_code;
-    retry_after := d.retry_after;
+    r.outcome := d.outcome;
+    r.http_status := d.http_status;
+    r.payment_id := d.resource_id;
+    r.body := d.body;
+    r.error_code := d.error_code;
+    r.retry_after := d.retry_after;
+    RETURN r;
 END
 $$;
 
@@ -257,45 +289,46 @@ $$;
 -- token names a record of the tenant's node: the tenant travels with it,
 -- and Citus delegates the completion by the tenant.
 --
-CREATE FUNCTION claim(tenant text, operation text, key text, request jsonb, lease interval,
-                      OUT outcome text, OUT token text, OUT http_status integer,
-                      OUT body jsonb, OUT resource_id text, OUT error_code text,
-                      OUT retry_after integer)
+CREATE FUNCTION claim_delegated(tenant text, operation text, key text, request jsonb,
+                                lease interval) RETURNS claim_result
 LANGUAGE plpgsql AS $$
+DECLARE
+    r claim_result;
 BEGIN
-    PERFORM tenant_check(claim.tenant);
+    PERFORM tenant_check(claim_delegated.tenant);
     SELECT d.outcome, d.token, d.http_status, d.body, d.resource_id, d.error_code, d.retry_after
-      INTO claim.outcome, claim.token, claim.http_status, claim.body, claim.resource_id,
-           claim.error_code, claim.retry_after
-      FROM idem_claim(claim.operation, claim.key, claim.request, tenant => claim.tenant,
-                      lease => claim.lease) d;
+      INTO r.outcome, r.token, r.http_status, r.body, r.resource_id, r.error_code, r.retry_after
+      FROM idem_claim(claim_delegated.operation, claim_delegated.key, claim_delegated.request,
+                      tenant => claim_delegated.tenant, lease => claim_delegated.lease) d;
+    RETURN r;
 END
 $$;
 
-CREATE FUNCTION complete(tenant text, token text, http_status integer, body jsonb,
-                         resource_id text) RETURNS boolean
+CREATE FUNCTION complete_delegated(tenant text, token text, http_status integer, body jsonb,
+                                   resource_id text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM tenant_check(complete.tenant);
-    PERFORM tenant_check_token(complete.tenant, complete.token);
-    PERFORM idem_complete(complete.token, complete.http_status, complete.body,
-                          resource_id => complete.resource_id);
+    PERFORM tenant_check(complete_delegated.tenant);
+    PERFORM tenant_check_token(complete_delegated.tenant, complete_delegated.token);
+    PERFORM idem_complete(complete_delegated.token, complete_delegated.http_status,
+                          complete_delegated.body, resource_id => complete_delegated.resource_id);
     RETURN true;
 END
 $$;
 
-CREATE FUNCTION fail(tenant text, token text, http_status integer, body jsonb,
-                     retryable boolean) RETURNS boolean
+CREATE FUNCTION fail_delegated(tenant text, token text, http_status integer, body jsonb,
+                               retryable boolean) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM tenant_check(fail.tenant);
-    PERFORM tenant_check_token(fail.tenant, fail.token);
-    PERFORM idem_fail(fail.token, fail.http_status, fail.body, retryable => fail.retryable);
+    PERFORM tenant_check(fail_delegated.tenant);
+    PERFORM tenant_check_token(fail_delegated.tenant, fail_delegated.token);
+    PERFORM idem_fail(fail_delegated.token, fail_delegated.http_status, fail_delegated.body,
+                      retryable => fail_delegated.retryable);
     RETURN true;
 END
 $$;
 
--- The layout's four functions run as idem_layout, whoever calls them, with
+-- The delegated functions run as idem_layout, whoever calls them, with
 -- their names resolved in pg_catalog, this schema and the extension's only
 -- (pg_temp last): the caller's search_path cannot put a table or function
 -- of its own in their way.
@@ -303,10 +336,10 @@ DO $do$
 DECLARE
     f text;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['pay(text, text, bigint, text)',
-                             'claim(text, text, text, jsonb, interval)',
-                             'complete(text, text, integer, jsonb, text)',
-                             'fail(text, text, integer, jsonb, boolean)'] LOOP
+    FOREACH f IN ARRAY ARRAY['pay_delegated(text, text, bigint, text)',
+                             'claim_delegated(text, text, text, jsonb, interval)',
+                             'complete_delegated(text, text, integer, jsonb, text)',
+                             'fail_delegated(text, text, integer, jsonb, boolean)'] LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, %I, pg_temp',
                        f, current_schema(),
                        (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
@@ -320,19 +353,44 @@ $do$;
 -- delegated by the tenant, in its shard's colocation group;
 -- force_delegation: also inside a transaction block, which then runs on
 -- the tenant's node until it ends.
-SELECT create_distributed_function('pay(text, text, bigint, text)', 'tenant',
+SELECT create_distributed_function('pay_delegated(text, text, bigint, text)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
-SELECT create_distributed_function('claim(text, text, text, jsonb, interval)', 'tenant',
+SELECT create_distributed_function('claim_delegated(text, text, text, jsonb, interval)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
-SELECT create_distributed_function('complete(text, text, integer, jsonb, text)', 'tenant',
+SELECT create_distributed_function('complete_delegated(text, text, integer, jsonb, text)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
-SELECT create_distributed_function('fail(text, text, integer, jsonb, boolean)', 'tenant',
+SELECT create_distributed_function('fail_delegated(text, text, integer, jsonb, boolean)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
 
--- The helpers are idem_layout's to call, the four functions the
--- application's.
+-- What the application calls.  Inlined, so: LANGUAGE sql, one SELECT of
+-- one call, neither SECURITY DEFINER nor SET nor STRICT.
+CREATE FUNCTION pay(tenant text, key text, amount bigint, currency text) RETURNS pay_result
+LANGUAGE sql AS $$
+    SELECT pay_delegated(tenant_required(tenant), key, amount, currency)
+$$;
+CREATE FUNCTION claim(tenant text, operation text, key text, request jsonb, lease interval)
+RETURNS claim_result
+LANGUAGE sql AS $$
+    SELECT claim_delegated(tenant_required(tenant), operation, key, request, lease)
+$$;
+CREATE FUNCTION complete(tenant text, token text, http_status integer, body jsonb,
+                         resource_id text) RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT complete_delegated(tenant_required(tenant), token, http_status, body, resource_id)
+$$;
+CREATE FUNCTION fail(tenant text, token text, http_status integer, body jsonb,
+                     retryable boolean) RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT fail_delegated(tenant_required(tenant), token, http_status, body, retryable)
+$$;
+
+-- The helpers are idem_layout's to call; the application calls pay,
+-- claim, complete and fail, and, through them, tenant_required and the
+-- delegated functions (an inlined call is checked as the caller's).
 REVOKE ALL ON FUNCTION tenant_shard_lock, tenant_check, tenant_of_token, tenant_check_token,
-                       pay, claim, complete, fail FROM PUBLIC;
+                       tenant_required, pay_delegated, claim_delegated, complete_delegated,
+                       fail_delegated, pay, claim, complete, fail FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tenant_shard_lock, tenant_check, tenant_of_token, tenant_check_token
    TO idem_layout;
-GRANT EXECUTE ON FUNCTION pay, claim, complete, fail TO idem_app;
+GRANT EXECUTE ON FUNCTION tenant_required, pay_delegated, claim_delegated, complete_delegated,
+                          fail_delegated, pay, claim, complete, fail TO idem_app;

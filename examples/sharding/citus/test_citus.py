@@ -169,13 +169,13 @@ def test_layout(c):
     refused("not delegated (the tenant from a subquery) on the worker without the tenant's shard",
             w2, "SELECT (pay(v.t, v.k, 100, 'EUR')).outcome FROM (SELECT %s::text AS t, %s::text AS k) v",
             "k-subquery-w2")
-    query(c.coord, """SELECT create_distributed_function('pay(text, text, bigint, text)', 'tenant',
+    query(c.coord, """SELECT create_distributed_function('pay_delegated(text, text, bigint, text)', 'tenant',
                                  colocate_with => 'payments', force_delegation => false)""")
     try:
         refused("without force_delegation, inside BEGIN (the call runs on the coordinator)",
                 c.coord_port, "SELECT outcome FROM pay(%s, %s, 100, 'EUR')", "k-no-force", in_block=True)
     finally:
-        query(c.coord, """SELECT create_distributed_function('pay(text, text, bigint, text)', 'tenant',
+        query(c.coord, """SELECT create_distributed_function('pay_delegated(text, text, bigint, text)', 'tenant',
                                      colocate_with => 'payments', force_delegation => true)""")
     # Called on the worker without the shard, with the tenant as a
     # constant, the call is delegated like on the coordinator.
@@ -224,9 +224,10 @@ def test_roles(c):
     owners = {p: query(c.admin[p], """
         SELECT DISTINCT pg_get_userbyid(proowner)::text || ' ' || prosecdef::text || ' '
                || coalesce(array_to_string(proconfig, ','), '')
-          FROM pg_proc WHERE proname IN ('pay', 'claim', 'complete', 'fail')
+          FROM pg_proc WHERE proname IN ('pay_delegated', 'claim_delegated', 'complete_delegated',
+                                         'fail_delegated')
                          AND pronamespace = 'public'::regnamespace""") for p in ports}
-    check("on every node, pay, claim, complete and fail are SECURITY DEFINER, owned by idem_layout, "
+    check("on every node, the four delegated functions are SECURITY DEFINER, owned by idem_layout, "
           "search_path pinned",
           all(len(o) == 1 and o[0][0].startswith("idem_layout true search_path=pg_catalog,")
               and o[0][0].endswith("pg_temp") for o in owners.values()), repr(owners))
@@ -249,6 +250,51 @@ def test_roles(c):
     ok = one(c.app, "SELECT complete(%s, %s, 200, '{}', NULL)", (t, d[1]))
     state = one(c.admin[w1], "SELECT state::text FROM idem_records WHERE tenant = %s AND key = 'k-token'", (t,))
     check("  ... and with its own tenant it completes", ok is True and state == "succeeded", "%s %s" % (ok, state))
+
+
+def test_null_tenant(c):
+    """A NULL tenant is refused with 22004 while the call is planned, before
+    Citus's delegation (which ends the backend on a NULL distribution
+    argument): in every form of call, on the coordinator and on a worker."""
+    w1, w2 = c.worker_ports
+    t = c.tenant_on(w1, "nulls")
+    calls = [
+        ("SELECT * FROM pay(NULL, ...)", "SELECT * FROM pay(NULL, 'k-null', 100, 'EUR')"),
+        ("SELECT pay(NULL, ...)", "SELECT pay(NULL, 'k-null', 100, 'EUR')"),
+        ("SELECT * FROM claim(NULL, ...)", "SELECT * FROM claim(NULL, 'ship', 'k-null', '{}', '1 hour')"),
+        ("SELECT claim(NULL, ...)", "SELECT claim(NULL, 'ship', 'k-null', '{}', '1 hour')"),
+        ("SELECT * FROM complete(NULL, ...)", "SELECT * FROM complete(NULL, '1.1.x', 200, '{}', NULL)"),
+        ("SELECT fail(NULL, ...)", "SELECT fail(NULL, '1.1.x', 503, '{}', true)"),
+        ("pay(NULL::text, ...) inside BEGIN", "BEGIN; SELECT * FROM pay(NULL::text, 'k-null', 100, 'EUR')"),
+        ("the tenant NULL from a subquery",
+         "SELECT (pay(v.t, 'k-null', 100, 'EUR')).outcome FROM (SELECT NULL::text AS t) v"),
+    ]
+    before = {p: one(x, "SELECT count(*) FROM idem_records") for p, x in c.admin.items()}
+    for port in (c.coord_port, w2):
+        app = connect(port, "idem_app")
+        for name, sql in calls:
+            st = sqlstate_of(lambda: query(app, sql))
+            query(app, "ROLLBACK")
+            alive = sqlstate_of(lambda: query(app, "SELECT 1"))
+            check("node %s: %s refused with 22004, the session goes on" % (port, name),
+                  st == "22004" and alive is None and not app.closed, "got %s, then %s" % (st, alive))
+        # A prepared statement: each execution plans the call with its
+        # tenant as a constant (Citus turns generic plans away), so it is
+        # delegated, and a NULL is refused the same way.
+        query(app, "PREPARE p(text, text) AS SELECT outcome FROM pay($1, $2, 100, 'EUR')")
+        outcomes = [one(app, "EXECUTE p(%s, %s)", (t, "k-prepared-%s-%d" % (port, i))) for i in range(7)]
+        records = [c.records(t, "k-prepared-%s-%d" % (port, i)) for i in range(7)]
+        st = sqlstate_of(lambda: query(app, "EXECUTE p(NULL, 'k-null')"))
+        check("node %s: a prepared pay, executed 7 times, proceeds on the tenant's node each time; "
+              "executed with a NULL tenant, refused with 22004" % port,
+              outcomes == ["proceed"] * 7 and st == "22004"
+              and all(r == {c.coord_port: 0, w1: 1, w2: 0} for r in records),
+              "%r %s %r" % (outcomes, st, records))
+        app.close()
+    after = {p: one(x, "SELECT count(*) FROM idem_records") for p, x in c.admin.items()}
+    check("  ... no record of a NULL tenant anywhere, nothing else written",
+          after[w1] == before[w1] + 14 and after[c.coord_port] == before[c.coord_port]
+          and after[w2] == before[w2], "%r -> %r" % (before, after))
 
 
 def test_concurrent(c):
@@ -635,7 +681,7 @@ def main():
     ap.add_argument("--workers", required=True)
     args = ap.parse_args()
     c = Cluster(args.coordinator, [int(p) for p in args.workers.split(",")])
-    for test in (test_layout, test_roles, test_concurrent, test_maintenance, test_move, test_pinned,
+    for test in (test_layout, test_roles, test_null_tenant, test_concurrent, test_maintenance, test_move, test_pinned,
                  test_carried, test_refusals, test_hostile):
         try:
             test(c)
