@@ -149,6 +149,24 @@ BEGIN
 END;
 $$;
 
+-- The canonical text, in the database encoding, of a container of depth
+-- depth (bracket: the byte of its opening bracket) whose members or
+-- elements are written in body as idem__pretty leaves them: one a line,
+-- containers already replaced by their canonical text (idem__pretty).
+CREATE FUNCTION idem__pretty_join(body bytea, depth integer, bracket integer) RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+SELECT convert_to(CASE
+    WHEN bracket = 91 THEN
+        '[' || replace(convert_from(body, getdatabaseencoding()), E',\n' || repeat(' ', 4 * depth + 4), ',') || ']'
+    WHEN length(body) = 0 THEN '{}'
+    ELSE '{"' || replace(array_to_string(tsvector_to_array(array_to_tsvector(
+                     string_to_array(convert_from(substring(body FROM 2), getdatabaseencoding()),
+                                     E',\n' || repeat(' ', 4 * depth + 4) || '"'))), ',"'),
+                         chr(1), '":') || '}'
+END, getdatabaseencoding())
+$$;
+
 -- The canonical text of a container of a plain document (idem__plain),
 -- in the database encoding, from the container's text as jsonb_pretty
 -- writes it, in which "": "" has become U+0001 and numbers have lost the
@@ -175,17 +193,13 @@ AS $$
 DECLARE
     indent bytea := '\x0a'::bytea || decode(repeat('20', 4 * depth + 4), 'hex');
     body bytea;
+    nested bytea;
     open integer;
     other integer;
     close integer;
 BEGIN
-    IF length(pretty) = 4 * depth + 3 THEN
-        -- {} or []
-        RETURN substring(pretty FROM 1 FOR 1) || substring(pretty FROM length(pretty));
-    END IF;
     -- between the opening line's break and indentation and the closing line's
-    body := substring(pretty FROM 4 * depth + 7 FOR length(pretty) - 8 * depth - 8);
-
+    body := substring(pretty FROM 4 * depth + 7 FOR greatest(length(pretty) - 8 * depth - 8, 0));
     LOOP
         open := position('\x7b0a'::bytea IN body);                     -- {\n
         other := position('\x5b0a'::bytea IN body);                    -- [\n
@@ -196,21 +210,19 @@ BEGIN
         close := open + length(indent)
                  + position(indent || CASE get_byte(body, open - 1) WHEN 123 THEN '\x7d'::bytea ELSE '\x5d'::bytea END
                             IN substring(body FROM open));
-        body := substring(body FROM 1 FOR open - 1)
-                || idem__pretty(substring(body FROM open FOR close - open), depth + 1)
-                || substring(body FROM close);
+        nested := substring(body FROM open FOR close - open);
+        -- a container without containers is written here, without a call
+        IF position('\x7b0a'::bytea IN substring(nested FROM 2)) = 0
+           AND position('\x5b0a'::bytea IN substring(nested FROM 2)) = 0 THEN
+            nested := idem__pretty_join(substring(nested FROM 4 * depth + 11
+                                                  FOR greatest(length(nested) - 8 * depth - 16, 0)),
+                                        depth + 1, get_byte(nested, 0));
+        ELSE
+            nested := idem__pretty(nested, depth + 1);
+        END IF;
+        body := substring(body FROM 1 FOR open - 1) || nested || substring(body FROM close);
     END LOOP;
-
-    IF get_byte(pretty, 0) = 91 THEN        -- [
-        RETURN convert_to('[' || replace(convert_from(body, getdatabaseencoding()),
-                                         E',\n' || repeat(' ', 4 * depth + 4), ',') || ']',
-                          getdatabaseencoding());
-    END IF;
-    RETURN convert_to('{"' || replace(array_to_string(tsvector_to_array(array_to_tsvector(
-                          string_to_array(convert_from(substring(body FROM 2), getdatabaseencoding()),
-                                          E',\n' || repeat(' ', 4 * depth + 4) || '"'))), ',"'),
-                                      chr(1), '":') || '}',
-                      getdatabaseencoding());
+    RETURN idem__pretty_join(body, depth, get_byte(pretty, 0));
 END;
 $$;
 
@@ -323,8 +335,14 @@ BEGIN
         RETURN NULL;
     END IF;
     pretty := jsonb_pretty(doc);
-    IF octet_length(pretty) > 2000 OR strpos(pretty, '\') > 0
-       OR jsonb_path_exists(doc, '$.** ? (@.type() == "number" && (@ >= 1e21 || @ <= -1e21 || (@ < 0.000001 && @ > -0.000001 && @ != 0)))') THEN
+    IF octet_length(pretty) > 2000 OR strpos(pretty, '\') > 0 THEN
+        RETURN NULL;
+    END IF;
+    -- a number needing an exponent has 22 digits in a row, or "0.000000":
+    -- only a text that has them is searched for such a number
+    IF (strpos(pretty, '0.000000') > 0
+        OR strpos(translate(pretty, '123456789', '000000000'), '0000000000000000000000') > 0)
+       AND jsonb_path_exists(doc, '$.** ? (@.type() == "number" && (@ >= 1e21 || @ <= -1e21 || (@ < 0.000001 && @ > -0.000001 && @ != 0)))') THEN
         RETURN NULL;
     END IF;
     -- a number ends a line: drop the zeros that end its fraction
