@@ -132,10 +132,18 @@ LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
     parts text[] := '{}';
+    plain bytea;
     i integer;
 BEGIN
     IF depth >= idem__max_recursion() THEN
         RETURN idem__container_deep(doc);
+    END IF;
+    -- a small container of a large document may be plain
+    IF depth > 0 AND pg_column_size(doc) <= 1000 THEN
+        plain := idem__plain(doc);
+        IF plain IS NOT NULL THEN
+            RETURN convert_from(plain, getdatabaseencoding());
+        END IF;
     END IF;
     IF jsonb_typeof(doc) = 'object' THEN
         RETURN idem__object_by_query(doc, depth);
@@ -340,7 +348,10 @@ BEGIN
         RETURN NULL;
     END IF;
     pretty := jsonb_pretty(doc);
-    IF octet_length(pretty) > 2000 OR strpos(pretty, '\') > 0 THEN
+    -- "": "" is taken for the end of a name: a name or string that begins
+    -- with ": " would look the same after its opening quote, which always
+    -- follows a space
+    IF octet_length(pretty) > 2000 OR strpos(pretty, '\') > 0 OR strpos(pretty, ' ": ') > 0 THEN
         RETURN NULL;
     END IF;
     -- a number needing an exponent has 22 digits in a row, or "0.000000":

@@ -32,6 +32,8 @@ SELECT 'edge', d::jsonb FROM (VALUES
     ('{"k": "x, \"y\": 1", "k2": "{\n}", "k3": "[\n    1\n]"}'),
     ('{"a": "x\n    }", "b": {"c": "y,\n    \"d"}}'),
     ('["a, b", "c,\n    d", 1.50, "2.50"]'),
+    ('{"k": ": x", ": ": [": ", ":"], "a ": 1, "b": {": a": ": ", "c": 10.0}}'),
+    ('{"k": "x\": ", "x": [1, "\": "], "z": {"y": 0.10}}'),
     ('{"amount": 100.00, "currency": "EUR", "to": {"name": "Zoë", "iban": "DE89"}}'),
     ('{"a": 1, "a": 2, "b": {"c": 1, "c": [1, 2], "c ": 3}}'),
     ('[100.00, 1E2, -0.0, 2.50, 1e21, 1e-7, 0.000001, 5e-324, 1e1000, -1e-1000, 123e20]'),
@@ -110,7 +112,7 @@ CREATE FUNCTION pg_temp.rchar(plain boolean) RETURNS text LANGUAGE sql AS $$
             WHEN 2 THEN chr(160 + (random() * 400)::int)
             WHEN 3 THEN chr(913 + (random() * 50)::int)
             WHEN 4 THEN chr(19968 + (random() * 2000)::int)
-            ELSE ',' END
+            ELSE (ARRAY[',', ': ', ', ', ' '])[1 + (random() * 3)::int] END
     ELSE
         CASE (random() * 9)::int
             WHEN 0 THEN chr(1 + (random() * 31)::int)
