@@ -125,8 +125,9 @@ END
 $$;
 
 -- The canonical text of a container depth levels down, for any document:
--- an object's members sorted by a query, an array written element by
--- element.
+-- a small nested container by the string path when it is plain by itself
+-- (idem__plain), else an object's members sorted by a query and an array
+-- written element by element.
 CREATE FUNCTION idem__container(doc jsonb, depth integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
