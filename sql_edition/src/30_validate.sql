@@ -469,3 +469,21 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Raise again a constraint error (SQLSTATE class 23) that a write of a
+-- record raised, with its message but not PostgreSQL's DETAIL, which would
+-- show the row's values (the key, the scope, the attempt token's secret)
+-- to the client and in the server log.
+CREATE FUNCTION idem__reraise_without_values(state text, message text, constraint_name text,
+                                             table_name text, column_name text,
+                                             schema_name text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '%', message
+        USING ERRCODE = state,
+              DETAIL = 'The values of the idempotency record are not shown.',
+              CONSTRAINT = coalesce(constraint_name, ''), TABLE = coalesce(table_name, ''),
+              COLUMN = coalesce(column_name, ''), SCHEMA = coalesce(schema_name, '');
+END
+$$;

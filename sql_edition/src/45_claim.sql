@@ -19,7 +19,7 @@
 -- Answers that need no write (replay, mismatch, in_progress, unknown,
 -- expired) are one read: no lock, no subtransaction, no WAL.
 --
--- A new key is inserted with INSERT ... ON CONFLICT DO NOTHING: never a
+-- A new key is inserted with INSERT ... ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING: never a
 -- 23505, and never two proceeds, since the unique index decides.  An
 -- insert that meets another transaction's uncommitted insert of the same
 -- key waits for it in the lock manager; lock_timeout, set for the insert
@@ -49,28 +49,33 @@ RETURNS bytea
 LANGUAGE sql IMMUTABLE
 RETURN '\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
--- What a claim answers from a record as it is.
-CREATE FUNCTION idem__answer(outcome text, r idem_records, now_ts timestamptz)
+-- What a claim answers from a record as it is (its columns, not its row
+-- type: a function taking idem_records would keep its owner from adding
+-- columns to the table).
+CREATE FUNCTION idem__answer(outcome text, id bigint, state idem_state, attempt integer,
+                             recovery_point text, response_status integer,
+                             response_headers jsonb, response_body jsonb, resource_id text,
+                             response_raw_body bytea, locked_until timestamptz,
+                             now_ts timestamptz)
 RETURNS idem_decision
 LANGUAGE sql STABLE
-RETURN ROW(outcome, NULL, r.id, r.state, r.attempt, r.recovery_point,
-           CASE outcome WHEN 'replay' THEN r.response_status
+RETURN ROW(outcome, NULL, id, state, attempt, recovery_point,
+           CASE outcome WHEN 'replay' THEN response_status
                         WHEN 'mismatch' THEN 422
                         WHEN 'proceed' THEN NULL
                         ELSE 409 END,
-           CASE WHEN outcome = 'replay' THEN r.response_headers END,
-           CASE WHEN outcome = 'replay' THEN r.response_body END,
+           CASE WHEN outcome = 'replay' THEN response_headers END,
+           CASE WHEN outcome = 'replay' THEN response_body END,
            CASE outcome WHEN 'in_progress' THEN 'IDEMPOTENCY_REQUEST_IN_PROGRESS'
                         WHEN 'mismatch' THEN 'IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST'
                         WHEN 'unknown' THEN 'IDEMPOTENCY_OUTCOME_UNKNOWN'
                         WHEN 'expired' THEN 'IDEMPOTENCY_KEY_EXPIRED' END,
            CASE WHEN outcome <> 'in_progress' THEN NULL
-                WHEN r.locked_until > now_ts
-                THEN LEAST(pg_catalog.ceil(extract(epoch FROM r.locked_until - now_ts)),
-                                      2147483647)::integer
+                WHEN locked_until > now_ts
+                THEN LEAST(pg_catalog.ceil(extract(epoch FROM locked_until - now_ts)), 2147483647)::integer
                 ELSE 1 END,
-           CASE WHEN outcome = 'replay' THEN r.resource_id END,
-           CASE WHEN outcome = 'replay' THEN r.response_raw_body END)::idem_decision;
+           CASE WHEN outcome = 'replay' THEN resource_id END,
+           CASE WHEN outcome = 'replay' THEN response_raw_body END)::idem_decision;
 
 -- in_progress for a key another transaction is writing right now: its
 -- record is not visible yet.
@@ -108,6 +113,12 @@ DECLARE
     saved_timeout text;
     timeout_ms bigint;
     d idem_decision;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     LOOP
         now_ts := pg_catalog.clock_timestamp();
@@ -185,7 +196,7 @@ BEGIN
                                       DETAIL = 'The idempotency record changed after this transaction''s snapshot was taken.',
                                       HINT = 'Retry the transaction: it will see the record''s answer.';
                     END;
-                    d := idem__answer('in_progress', r, now_ts);
+                    d := idem__answer('in_progress', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
                     d.retry_after := 1;
                     RETURN d;
                 END IF;
@@ -195,14 +206,14 @@ BEGIN
                 step_ms := LEAST(step_ms * 2, 100);
                 CONTINUE;
             END IF;
-            RETURN idem__answer(outcome, r, now_ts);
+            RETURN idem__answer(outcome, r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;
 
         -- the decision needs a write
         IF pg_catalog.current_setting('transaction_read_only') = 'on' OR pg_catalog.pg_is_in_recovery() THEN
             IF action = 'mark_unknown' THEN
                 r.state := 'unknown';
-                RETURN idem__answer('unknown', r, now_ts);
+                RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
             END IF;
             PERFORM idem__require_writable('claim an idempotency key');
         END IF;
@@ -231,14 +242,21 @@ BEGIN
                         CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
                         p_policy, p_ttl, now_ts, now_ts, now_ts,
                         CASE WHEN p_inbox THEN now_ts END, now_ts + p_ttl)
-                ON CONFLICT DO NOTHING
+                ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING
                 RETURNING t.id, (t.role = p_role AND t.tenant = p_tenant AND t.caller = p_caller
                                  AND t.operation = p_operation AND t.key = p_key)
                      INTO new_id, same_row;
                 PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
-            EXCEPTION WHEN lock_not_available THEN
-                -- another transaction is inserting the key and has not ended
-                RETURN idem__answer_busy();
+            EXCEPTION
+                WHEN lock_not_available THEN
+                    -- another transaction is inserting the key and has not ended
+                    RETURN idem__answer_busy();
+                WHEN integrity_constraint_violation THEN
+                    GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                        e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                        e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+                    PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                         e_table, e_column, e_schema);
             END;
             IF new_id IS NOT NULL THEN
                 IF same_row IS NOT TRUE THEN
@@ -260,92 +278,101 @@ BEGIN
         END IF;
         skipped := false;
 
-        IF action = 'mark_unknown' THEN
-            UPDATE idem_records AS t
-               SET state = 'unknown', updated_at = now_ts, expires_at = now_ts + t.ttl
-             WHERE t.id = (SELECT s.id FROM idem_records AS s
-                            WHERE s.id = r.id AND s.attempt = r.attempt AND s.state = 'processing'
-                              AND s.locked_until <= now_ts
-                              FOR UPDATE SKIP LOCKED);
-            IF FOUND THEN
-                PERFORM idem__outcome_written();
-                r.state := 'unknown';
-                RETURN idem__answer('unknown', r, now_ts);
-            END IF;
-        ELSE
-            -- a new command on an expired record, a takeover or a new attempt
-            IF action <> 'reuse' AND r.attempt = 2147483647 THEN
-                RAISE EXCEPTION 'the idempotency record has reached the largest attempt number'
-                    USING ERRCODE = 'program_limit_exceeded',
-                          DETAIL = pg_catalog.format('Attempt %s was its last; no further attempt can start.', r.attempt),
-                          HINT = 'The owner of idem_records can delete the record to start the command over.';
-            END IF;
-            attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
-            IF action = 'reuse' AND idem__cleanup_archives() THEN
-                WITH target AS (
-                    SELECT s.* FROM idem_records AS s
-                     WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
-                       AND s.expires_at <= now_ts
-                       AND (r.state <> 'processing' OR s.locked_until <= now_ts)
-                       FOR UPDATE SKIP LOCKED),
-                archived AS (
-                    INSERT INTO idem_records_archive
-                           (id, role, tenant, caller, operation, key, fingerprint, state, attempt,
-                            attempt_token, recovery_point, locked_until, on_lease_expiry, ttl,
-                            response_status, response_headers, response_body, resource_id,
-                            created_at, claimed_at, updated_at, completed_at, expires_at,
-                            response_raw_body, response_sealed, former_role, archived_at)
-                    SELECT o.id, o.role, o.tenant, o.caller, o.operation, o.key, o.fingerprint,
-                           o.state, o.attempt, o.attempt_token, o.recovery_point, o.locked_until,
-                           o.on_lease_expiry, o.ttl, o.response_status, o.response_headers,
-                           o.response_body, o.resource_id, o.created_at, o.claimed_at,
-                           o.updated_at, o.completed_at, o.expires_at, o.response_raw_body,
-                           o.response_sealed, o.former_role, pg_catalog.clock_timestamp()
-                      FROM target AS o
-                     WHERE NOT EXISTS (SELECT FROM idem_records_archive AS x
-                                        WHERE x.id = o.id AND x.claimed_at = o.claimed_at))
+        BEGIN
+            IF action = 'mark_unknown' THEN
                 UPDATE idem_records AS t
-                   SET fingerprint = p_fingerprint,
-                       state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
-                       attempt = 1, attempt_token = secret, recovery_point = NULL,
-                       locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
-                       on_lease_expiry = p_policy, ttl = p_ttl,
-                       response_status = NULL, response_headers = NULL, response_body = NULL,
-                       resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
-                       claimed_at = now_ts, updated_at = now_ts,
-                       completed_at = CASE WHEN p_inbox THEN now_ts END,
-                       expires_at = now_ts + p_ttl
-                 WHERE t.id = (SELECT target.id FROM target)
-                RETURNING t.recovery_point INTO rp;
-            ELSE
-                UPDATE idem_records AS t
-                   SET fingerprint = p_fingerprint,
-                       state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
-                       attempt = attempt_no, attempt_token = secret,
-                       recovery_point = CASE WHEN action = 'reuse' THEN NULL ELSE t.recovery_point END,
-                       locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
-                       on_lease_expiry = p_policy, ttl = p_ttl,
-                       response_status = NULL, response_headers = NULL, response_body = NULL,
-                       resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
-                       claimed_at = now_ts, updated_at = now_ts,
-                       completed_at = CASE WHEN p_inbox THEN now_ts END,
-                       expires_at = now_ts + p_ttl
+                   SET state = 'unknown', updated_at = now_ts, expires_at = now_ts + t.ttl
                  WHERE t.id = (SELECT s.id FROM idem_records AS s
-                                WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
-                                  AND (action <> 'reuse' OR s.expires_at <= now_ts)
-                                  AND (r.state <> 'processing' OR s.locked_until <= now_ts)
-                                  FOR UPDATE SKIP LOCKED)
-                RETURNING t.recovery_point INTO rp;
+                                WHERE s.id = r.id AND s.attempt = r.attempt AND s.state = 'processing'
+                                  AND s.locked_until <= now_ts
+                                  FOR UPDATE SKIP LOCKED);
+                IF FOUND THEN
+                    PERFORM idem__outcome_written();
+                    r.state := 'unknown';
+                    RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
+                END IF;
+            ELSE
+                -- a new command on an expired record, a takeover or a new attempt
+                IF action <> 'reuse' AND r.attempt = 2147483647 THEN
+                    RAISE EXCEPTION 'the idempotency record has reached the largest attempt number'
+                        USING ERRCODE = 'program_limit_exceeded',
+                              DETAIL = pg_catalog.format('Attempt %s was its last; no further attempt can start.', r.attempt),
+                              HINT = 'The owner of idem_records can delete the record to start the command over.';
+                END IF;
+                attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
+                IF action = 'reuse' AND idem__cleanup_archives() THEN
+                    WITH target AS (
+                        SELECT s.* FROM idem_records AS s
+                         WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
+                           AND s.expires_at <= now_ts
+                           AND (r.state <> 'processing' OR s.locked_until <= now_ts)
+                           FOR UPDATE SKIP LOCKED),
+                    archived AS (
+                        INSERT INTO idem_records_archive
+                               (id, role, tenant, caller, operation, key, fingerprint, state, attempt,
+                                attempt_token, recovery_point, locked_until, on_lease_expiry, ttl,
+                                response_status, response_headers, response_body, resource_id,
+                                created_at, claimed_at, updated_at, completed_at, expires_at,
+                                response_raw_body, response_sealed, former_role, archived_at)
+                        SELECT o.id, o.role, o.tenant, o.caller, o.operation, o.key, o.fingerprint,
+                               o.state, o.attempt, o.attempt_token, o.recovery_point, o.locked_until,
+                               o.on_lease_expiry, o.ttl, o.response_status, o.response_headers,
+                               o.response_body, o.resource_id, o.created_at, o.claimed_at,
+                               o.updated_at, o.completed_at, o.expires_at, o.response_raw_body,
+                               o.response_sealed, o.former_role, pg_catalog.clock_timestamp()
+                          FROM target AS o
+                         WHERE NOT EXISTS (SELECT FROM idem_records_archive AS x
+                                            WHERE x.id = o.id AND x.claimed_at = o.claimed_at))
+                    UPDATE idem_records AS t
+                       SET fingerprint = p_fingerprint,
+                           state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
+                           attempt = 1, attempt_token = secret, recovery_point = NULL,
+                           locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                           on_lease_expiry = p_policy, ttl = p_ttl,
+                           response_status = NULL, response_headers = NULL, response_body = NULL,
+                           resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
+                           claimed_at = now_ts, updated_at = now_ts,
+                           completed_at = CASE WHEN p_inbox THEN now_ts END,
+                           expires_at = now_ts + p_ttl
+                     WHERE t.id = (SELECT target.id FROM target)
+                    RETURNING t.recovery_point INTO rp;
+                ELSE
+                    UPDATE idem_records AS t
+                       SET fingerprint = p_fingerprint,
+                           state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
+                           attempt = attempt_no, attempt_token = secret,
+                           recovery_point = CASE WHEN action = 'reuse' THEN NULL ELSE t.recovery_point END,
+                           locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                           on_lease_expiry = p_policy, ttl = p_ttl,
+                           response_status = NULL, response_headers = NULL, response_body = NULL,
+                           resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
+                           claimed_at = now_ts, updated_at = now_ts,
+                           completed_at = CASE WHEN p_inbox THEN now_ts END,
+                           expires_at = now_ts + p_ttl
+                     WHERE t.id = (SELECT s.id FROM idem_records AS s
+                                    WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
+                                      AND (action <> 'reuse' OR s.expires_at <= now_ts)
+                                      AND (r.state <> 'processing' OR s.locked_until <= now_ts)
+                                      FOR UPDATE SKIP LOCKED)
+                    RETURNING t.recovery_point INTO rp;
+                END IF;
+                IF FOUND THEN
+                    PERFORM idem__outcome_written();
+                    RETURN ROW('proceed',
+                               CASE WHEN NOT p_inbox
+                                    THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
+                               r.id, 'processing', attempt_no, rp, NULL, NULL, NULL, NULL, NULL, NULL,
+                               NULL)::idem_decision;
+                END IF;
             END IF;
-            IF FOUND THEN
-                PERFORM idem__outcome_written();
-                RETURN ROW('proceed',
-                           CASE WHEN NOT p_inbox
-                                THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
-                           r.id, 'processing', attempt_no, rp, NULL, NULL, NULL, NULL, NULL, NULL,
-                           NULL)::idem_decision;
-            END IF;
-        END IF;
+        EXCEPTION
+            WHEN integrity_constraint_violation THEN
+                GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                    e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                    e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+                PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                     e_table, e_column, e_schema);
+        END;
 
         -- The record changed since it was read, or another transaction is
         -- writing it (a completion racing this takeover, say).  With time
@@ -655,7 +682,7 @@ BEGIN
     IF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
         IF now_ts < r.expires_at + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
                                    * interval '1 second' THEN
-            RETURN NEXT idem__answer('expired', r, now_ts);
+            RETURN NEXT idem__answer('expired', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;
         RETURN;
     END IF;
@@ -665,7 +692,9 @@ BEGIN
                                   WHEN r.locked_until > now_ts THEN 'in_progress'
                                   WHEN r.on_lease_expiry = 'retry' THEN 'proceed'
                                   ELSE 'unknown' END,
-                             r, now_ts);
+                             r.id, r.state, r.attempt, r.recovery_point, r.response_status,
+                             r.response_headers, r.response_body, r.resource_id,
+                             r.response_raw_body, r.locked_until, now_ts);
 END
 $$;
 

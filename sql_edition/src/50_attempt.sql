@@ -60,6 +60,13 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     tok record;
     now_ts timestamptz;
+    done boolean;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     IF via = 'idem_complete' THEN
         PERFORM idem__acting_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)');
@@ -87,16 +94,25 @@ BEGIN
      WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
     IF FOUND THEN
         now_ts := pg_catalog.clock_timestamp();
-        UPDATE idem_records AS t
-           SET state = new_state, response_status = http_status,
-               response_headers = headers, response_body = body,
-               response_raw_body = raw_body, response_sealed = NULL,
-               resource_id = idem__finish.resource_id,
-               attempt_token = NULL, locked_until = NULL,
-               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
-         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
-           AND t.state = 'processing' AND t.attempt = tok.attempt;
-        IF FOUND THEN
+        BEGIN
+            UPDATE idem_records AS t
+               SET state = new_state, response_status = http_status,
+                   response_headers = headers, response_body = body,
+                   response_raw_body = raw_body, response_sealed = NULL,
+                   resource_id = idem__finish.resource_id,
+                   attempt_token = NULL, locked_until = NULL,
+                   completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+             WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+               AND t.state = 'processing' AND t.attempt = tok.attempt;
+            done := FOUND;
+        EXCEPTION WHEN integrity_constraint_violation THEN
+            GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+            PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                 e_table, e_column, e_schema);
+        END;
+        IF done THEN
             PERFORM idem__outcome_written();
             RETURN;
         END IF;
@@ -187,6 +203,13 @@ DECLARE
     any_role boolean;
     now_ts timestamptz;
     found_state idem_state;
+    done boolean;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     PERFORM idem__acting_role(p_role, 'idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)');
     IF record_id IS NULL THEN
@@ -205,14 +228,23 @@ BEGIN
     PERFORM idem__require_writable('resolve an idempotency record');
     any_role := idem__is_operator(p_role);
     now_ts := pg_catalog.clock_timestamp();
-    UPDATE idem_records AS t
-       SET state = new_state, response_status = http_status,
-           response_headers = headers, response_body = body,
-           response_raw_body = raw_body, response_sealed = NULL,
-           completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
-     WHERE t.id = idem__resolve.record_id AND t.state = 'unknown'
-       AND (t.role = p_role OR any_role);
-    IF FOUND THEN
+    BEGIN
+        UPDATE idem_records AS t
+           SET state = new_state, response_status = http_status,
+               response_headers = headers, response_body = body,
+               response_raw_body = raw_body, response_sealed = NULL,
+               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+         WHERE t.id = idem__resolve.record_id AND t.state = 'unknown'
+           AND (t.role = p_role OR any_role);
+        done := FOUND;
+    EXCEPTION WHEN integrity_constraint_violation THEN
+        GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+            e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+            e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+        PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                             e_table, e_column, e_schema);
+    END;
+    IF done THEN
         PERFORM idem__outcome_written();
         RETURN;
     END IF;
