@@ -44,7 +44,7 @@
 
 -- SHA-256 of the empty string: the fingerprint of a claim without a
 -- request, which no JSON value's canonical form has.
-CREATE FUNCTION idem__no_request()
+CREATE OR REPLACE FUNCTION idem__no_request()
 RETURNS bytea
 LANGUAGE sql IMMUTABLE
 RETURN '\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
@@ -52,7 +52,7 @@ RETURN '\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::byt
 -- What a claim answers from a record as it is (its columns, not its row
 -- type: a function taking idem_records would keep its owner from adding
 -- columns to the table).
-CREATE FUNCTION idem__answer(outcome text, id bigint, state idem_state, attempt integer,
+CREATE OR REPLACE FUNCTION idem__answer(outcome text, id bigint, state idem_state, attempt integer,
                              recovery_point text, response_status integer,
                              response_headers jsonb, response_body jsonb, resource_id text,
                              response_raw_body bytea, locked_until timestamptz,
@@ -79,7 +79,7 @@ RETURN ROW(outcome, NULL, id, state, attempt, recovery_point,
 
 -- in_progress for a key another transaction is writing right now: its
 -- record is not visible yet.
-CREATE FUNCTION idem__answer_busy()
+CREATE OR REPLACE FUNCTION idem__answer_busy()
 RETURNS idem_decision
 LANGUAGE sql IMMUTABLE
 RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
@@ -89,7 +89,7 @@ RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
 -- what the decision needs, answer.  p_inbox: an idem_inbox message,
 -- recorded succeeded at once without token or lease.  Runs inside the
 -- definer functions, as the owner of idem_records.
-CREATE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_key text, p_tenant text,
+CREATE OR REPLACE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_key text, p_tenant text,
                                 p_caller text, p_fingerprint bytea, p_ttl interval,
                                 p_lease_us bigint, p_wait_us bigint,
                                 p_policy idem_lease_policy, p_proceed_expired boolean,
@@ -137,7 +137,7 @@ BEGIN
         ELSIF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
             IF NOT p_proceed_expired
                AND now_ts < r.expires_at
-                            + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
+                            + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                               * interval '1 second' THEN
                 outcome := 'expired';
                 action := 'none';
@@ -300,7 +300,7 @@ BEGIN
                               HINT = 'The owner of idem_records can delete the record to start the command over.';
                 END IF;
                 attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
-                IF action = 'reuse' AND idem__cleanup_archives() THEN
+                IF action = 'reuse' AND idem_setting_enum('idempotency.cleanup_action', 'delete', ARRAY['delete', 'archive']) = 'archive' THEN
                     WITH target AS (
                         SELECT s.* FROM idem_records AS s
                          WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
@@ -400,48 +400,29 @@ BEGIN
 END
 $$;
 
--- Whether a reuse copies the record to idem_records_archive first
--- (idempotency.cleanup_action = 'archive').
-CREATE FUNCTION idem__cleanup_archives()
-RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v text := pg_catalog.current_setting('idempotency.cleanup_action', true);
-BEGIN
-    IF v IS NULL OR v = '' OR v = 'delete' THEN
-        RETURN false;
-    ELSIF v = 'archive' THEN
-        RETURN true;
-    END IF;
-    RAISE EXCEPTION 'invalid value for parameter "idempotency.cleanup_action": "%"', v
-        USING ERRCODE = 'invalid_parameter_value',
-              HINT = 'Available values: delete, archive.';
-END
-$$;
-
 -- The options every claim takes after its scope, checked as the C
 -- edition checks them and in its order: ttl, lease, wait as microseconds
 -- (NULL: the settings'), on_lease_expiry, on_expired.
-CREATE FUNCTION idem__claim_options(ttl interval, lease interval, wait interval,
+CREATE OR REPLACE FUNCTION idem__claim_options(ttl interval, lease interval, wait interval,
                                     on_lease_expiry text, on_expired text,
                                     OUT ttl_value interval, OUT lease_us bigint, OUT wait_us bigint,
                                     OUT policy idem_lease_policy, OUT proceed_expired boolean)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF ttl IS NULL THEN
-        ttl_value := idem__setting('idempotency.default_ttl', 86400, 's', 1, 2147483647)
+        ttl_value := idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                      * interval '1 second';
     ELSE
         ttl_value := ttl;
     END IF;
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     IF lease IS NULL THEN
-        lease_us := idem__setting('idempotency.default_lease', 30000, 'ms', 1, 2147483647) * 1000;
+        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
     IF wait IS NULL THEN
-        wait_us := idem__setting('idempotency.claim_wait', 0, 'ms', 0, 2147483647) * 1000;
+        wait_us := idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000;
     ELSE
         wait_us := idem__interval_usecs(wait, 'wait', true);
     END IF;
@@ -452,7 +433,7 @@ $$;
 
 -- The scope of a call: operation, key and tenant given, checked in the C
 -- edition's order; the key is checked inline when it plainly passes.
-CREATE FUNCTION idem__check_scope(operation text, key text, tenant text)
+CREATE OR REPLACE FUNCTION idem__check_scope(operation text, key text, tenant text)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -483,7 +464,7 @@ END
 $$;
 
 -- idem_claim's body, as the owner of idem_records.
-CREATE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
+CREATE OR REPLACE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
                             caller text, ttl interval, lease interval, wait interval,
                             on_lease_expiry text, on_expired text)
 RETURNS idem_decision
@@ -509,7 +490,7 @@ $$;
 
 -- idem_claim_text's body: the request's text read as jsonb reads it (its
 -- errors first, as idem_claim's cast), every option at its default.
-CREATE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
+CREATE OR REPLACE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
 RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -527,7 +508,7 @@ $$;
 
 -- The items of idem_claim_many: a one-dimensional array without NULLs (a
 -- NULL array is refused like a NULL key); returns how many.
-CREATE FUNCTION idem__check_items(items anyarray, name text)
+CREATE OR REPLACE FUNCTION idem__check_items(items anyarray, name text)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -550,7 +531,7 @@ $$;
 -- idem_claim_many's body: every key and request checked before the first
 -- claim; one claim per item in input order; wait bounds the whole call; a
 -- key repeated within the call is claimed again without waiting.
-CREATE FUNCTION idem__claim_many(p_role regrole, operation text, keys text[], requests jsonb[],
+CREATE OR REPLACE FUNCTION idem__claim_many(p_role regrole, operation text, keys text[], requests jsonb[],
                                  tenant text, caller text, ttl interval, lease interval,
                                  wait interval, on_lease_expiry text, on_expired text)
 RETURNS TABLE (key text, outcome text, token text, record_id bigint, state idem_state,
@@ -619,7 +600,7 @@ $$;
 
 -- idem_inbox's body: a consumer's message id recorded succeeded at once, in
 -- the consumer's transaction.
-CREATE FUNCTION idem__inbox(p_role regrole, consumer text, message_id text, message jsonb,
+CREATE OR REPLACE FUNCTION idem__inbox(p_role regrole, consumer text, message_id text, message jsonb,
                             ttl interval)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -638,11 +619,11 @@ BEGIN
     PERFORM idem__check_name(consumer, 'consumer', false);
     PERFORM idem__check_key(message_id);
     fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem_fingerprint(message) END;
-    ttl_value := coalesce(ttl, idem__setting('idempotency.default_ttl', 86400, 's', 1, 2147483647)
+    ttl_value := coalesce(ttl, idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                                * interval '1 second');
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     d := idem__claim_key(p_role, consumer, message_id, '', '', fingerprint, ttl_value, 0,
-                         idem__setting('idempotency.claim_wait', 0, 'ms', 0, 2147483647) * 1000,
+                         idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000,
                          'unknown', false, true);
     IF d.outcome = 'expired' THEN
         -- a tombstone keeps the fingerprint: a different message is a mismatch
@@ -662,7 +643,7 @@ $$;
 -- idem_replay's body: what a claim would answer, without a request and
 -- without writing; a tombstone shows as expired; no row when there is no
 -- record or it is past the tombstone window.
-CREATE FUNCTION idem__replay(p_role regrole, operation text, key text, tenant text, caller text)
+CREATE OR REPLACE FUNCTION idem__replay(p_role regrole, operation text, key text, tenant text, caller text)
 RETURNS SETOF idem_decision
 LANGUAGE plpgsql STABLE SECURITY DEFINER ROWS 1 AS $$
 DECLARE
@@ -680,7 +661,7 @@ BEGIN
         RETURN;
     END IF;
     IF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
-        IF now_ts < r.expires_at + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
+        IF now_ts < r.expires_at + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                                    * interval '1 second' THEN
             RETURN NEXT idem__answer('expired', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;
@@ -703,7 +684,7 @@ $$;
 -- are inlined into the calling statement (LANGUAGE sql, one expression, no
 -- SET clause), so the wrapper costs nothing.
 --
-CREATE FUNCTION idem_claim(
+CREATE OR REPLACE FUNCTION idem_claim(
     operation       text,
     key             text,
     request         jsonb DEFAULT NULL,
@@ -722,7 +703,7 @@ RETURN idem__claim(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), 
 COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
     'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown or expired';
 
-CREATE FUNCTION idem_claim_text(
+CREATE OR REPLACE FUNCTION idem_claim_text(
     operation text,
     key       text,
     request   text,
@@ -735,7 +716,7 @@ RETURN idem__claim_text(pg_catalog.to_regrole(pg_catalog.quote_ident(current_use
 COMMENT ON FUNCTION idem_claim_text(text, text, text, text) IS
     'Claim an idempotency key with a request given as JSON text and the default options: idem_claim''s answer';
 
-CREATE FUNCTION idem_claim_many(
+CREATE OR REPLACE FUNCTION idem_claim_many(
     operation       text,
     keys            text[],
     requests        jsonb[] DEFAULT NULL,
@@ -771,7 +752,7 @@ END;
 COMMENT ON FUNCTION idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text) IS
     'Claim many idempotency keys at once: one decision per key, in input order';
 
-CREATE FUNCTION idem_inbox(
+CREATE OR REPLACE FUNCTION idem_inbox(
     consumer   text,
     message_id text,
     message    jsonb DEFAULT NULL,
@@ -784,7 +765,7 @@ RETURN idem__inbox(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), 
 COMMENT ON FUNCTION idem_inbox(text, text, jsonb, interval) IS
     'Record a consumed message id: proceed, duplicate, in_progress or mismatch';
 
-CREATE FUNCTION idem_replay(
+CREATE OR REPLACE FUNCTION idem_replay(
     operation text,
     key       text,
     tenant    text DEFAULT '',
@@ -795,14 +776,6 @@ BEGIN ATOMIC
     SELECT * FROM idem__replay(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                                operation, key, tenant, caller);
 END;
-
-REVOKE ALL ON FUNCTION
-    idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text),
-    idem_claim_text(text, text, text, text),
-    idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text),
-    idem_inbox(text, text, jsonb, interval),
-    idem_replay(text, text, text, text)
-    FROM PUBLIC;
 
 -- Only the definer functions run these, as the owner of idem_records.
 REVOKE ALL ON FUNCTION

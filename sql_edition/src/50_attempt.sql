@@ -15,7 +15,7 @@
 --
 
 -- Explain why a token no longer names the record's running attempt.
-CREATE FUNCTION idem__stale_token(p_role regrole, p_record_id bigint, p_attempt integer)
+CREATE OR REPLACE FUNCTION idem__stale_token(p_role regrole, p_record_id bigint, p_attempt integer)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -52,7 +52,7 @@ $$;
 
 -- Store the outcome of the attempt a token names: succeeded (complete),
 -- failed or retryable (fail).
-CREATE FUNCTION idem__finish(p_role regrole, via text, token text,
+CREATE OR REPLACE FUNCTION idem__finish(p_role regrole, via text, token text,
                              new_state idem_state, http_status integer, body jsonb,
                              headers jsonb, resource_id text, raw_body bytea)
 RETURNS void
@@ -122,7 +122,7 @@ END
 $$;
 
 -- Set the lease end or the recovery point of the attempt a token names.
-CREATE FUNCTION idem__token_write(p_role regrole, tok record, new_locked_until timestamptz,
+CREATE OR REPLACE FUNCTION idem__token_write(p_role regrole, tok record, new_locked_until timestamptz,
                                   new_recovery_point text)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -144,7 +144,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION idem__heartbeat(p_role regrole, token text, lease interval)
+CREATE OR REPLACE FUNCTION idem__heartbeat(p_role regrole, token text, lease interval)
 RETURNS timestamptz
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -155,7 +155,7 @@ BEGIN
     PERFORM idem__acting_role(p_role, 'idem_heartbeat(text, interval)');
     tok := idem__token_parse(token);
     IF lease IS NULL THEN
-        lease_us := idem__setting('idempotency.default_lease', 30000, 'ms', 1, 2147483647) * 1000;
+        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
@@ -166,7 +166,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION idem__checkpoint(p_role regrole, token text, recovery_point text)
+CREATE OR REPLACE FUNCTION idem__checkpoint(p_role regrole, token text, recovery_point text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -179,7 +179,7 @@ BEGIN
         RAISE EXCEPTION 'recovery_point must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF pg_catalog.octet_length(recovery_point) > 1024 THEN
-        max_size := idem__setting('idempotency.max_response_size', 1048576, 'B', 1024, 536870911);
+        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF pg_catalog.octet_length(recovery_point) > max_size THEN
             RAISE EXCEPTION 'recovery_point is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -194,7 +194,7 @@ $$;
 
 -- Settle an unknown record as succeeded, failed or retryable: the calling
 -- role's own, or any role's for the owner of idem_records and superusers.
-CREATE FUNCTION idem__resolve(p_role regrole, record_id bigint, state text, http_status integer,
+CREATE OR REPLACE FUNCTION idem__resolve(p_role regrole, record_id bigint, state text, http_status integer,
                               body jsonb, headers jsonb, raw_body bytea)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -263,7 +263,7 @@ $$;
 --
 -- The public functions, inlined into the calling statement.
 --
-CREATE FUNCTION idem_complete(
+CREATE OR REPLACE FUNCTION idem_complete(
     token       text,
     http_status integer,
     body        jsonb DEFAULT NULL,
@@ -276,7 +276,7 @@ RETURN idem__finish(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                     'idem_complete', token,
                     'succeeded', http_status, body, headers, resource_id, raw_body);
 
-CREATE FUNCTION idem_fail(
+CREATE OR REPLACE FUNCTION idem_fail(
     token       text,
     http_status integer,
     body        jsonb DEFAULT NULL,
@@ -290,14 +290,14 @@ RETURN idem__finish(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                     CASE WHEN retryable THEN 'retryable' WHEN NOT retryable THEN 'failed' END::idem_state,
                     http_status, body, headers, NULL, raw_body);
 
-CREATE FUNCTION idem_heartbeat(
+CREATE OR REPLACE FUNCTION idem_heartbeat(
     token text,
     lease interval DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__heartbeat(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), token, lease);
 
-CREATE FUNCTION idem_checkpoint(
+CREATE OR REPLACE FUNCTION idem_checkpoint(
     token          text,
     recovery_point text)
 RETURNS void
@@ -305,7 +305,7 @@ LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__checkpoint(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), token,
                         recovery_point);
 
-CREATE FUNCTION idem_resolve(
+CREATE OR REPLACE FUNCTION idem_resolve(
     record_id   bigint,
     state       text,
     http_status integer,
@@ -316,14 +316,6 @@ RETURNS void
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__resolve(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), record_id,
                      state, http_status, body, headers, raw_body);
-
-REVOKE ALL ON FUNCTION
-    idem_complete(text, integer, jsonb, jsonb, text, bytea),
-    idem_fail(text, integer, jsonb, jsonb, boolean, bytea),
-    idem_heartbeat(text, interval),
-    idem_checkpoint(text, text),
-    idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)
-    FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION
     idem__stale_token(regrole, bigint, integer),
