@@ -268,6 +268,18 @@ BEGIN
 END
 $$;
 
+-- Whether response headers plainly pass idem__check_headers: an object of
+-- plain strings or a list of [name, value] pairs, names HTTP tokens that
+-- are not hop-by-hop, values without quotes, backslashes or control
+-- characters, read from the value's text form by one pattern.  When they
+-- do not, idem__check_headers decides.
+CREATE OR REPLACE FUNCTION idem__plain_headers(headers jsonb)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN coalesce((headers::text ~ '^(\{\}|\{"[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*"(, "[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*")*\}|\[\]|\[\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\](, \["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\])*\])$')
+                AND headers::text !~* '"(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade)"',
+                false);
+
 -- A user-supplied string shortened for a message: at most maxlen bytes,
 -- cut at a character boundary, with "..." when it was longer.
 CREATE OR REPLACE FUNCTION idem__clip(value text, maxlen integer)
