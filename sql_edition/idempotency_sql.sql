@@ -1290,7 +1290,7 @@ CREATE OR REPLACE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_k
                                 p_caller text, p_fingerprint bytea, p_ttl interval,
                                 p_lease_us bigint, p_wait_us bigint,
                                 p_policy idem_lease_policy, p_proceed_expired boolean,
-                                p_inbox boolean)
+                                p_inbox boolean, p_absent boolean DEFAULT false)
 RETURNS idem_decision
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1320,6 +1320,13 @@ DECLARE
 BEGIN
     LOOP
         now_ts := pg_catalog.clock_timestamp();
+        IF p_absent THEN
+            -- the caller has just found no record: insert at once
+            p_absent := false;
+            outcome := 'proceed';
+            action := 'insert';
+            r := NULL;
+        ELSE
         SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
                t.on_lease_expiry, t.response_status, t.response_headers, t.response_body,
                t.resource_id, t.response_raw_body, t.expires_at
@@ -1367,6 +1374,7 @@ BEGIN
         ELSE
             outcome := 'unknown';
             action := 'mark_unknown';
+        END IF;
         END IF;
 
         -- an inbox message id held by a record only idem_claim makes
@@ -1694,6 +1702,42 @@ LANGUAGE sql STABLE
 RETURN coalesce(role OPERATOR(pg_catalog.=) pg_catalog.to_regrole(pg_catalog.quote_ident(session_user))
                 AND pg_catalog.has_function_privilege(role, via, 'EXECUTE'), false);
 
+-- A claim with every option at its default, the call every request of a
+-- client library makes: one statement reads the record and, for the
+-- answers that need no write and no wait (replay, mismatch, unknown,
+-- in_progress), makes the answer; a new key goes straight to its insert;
+-- anything else to idem__claim_key.
+CREATE OR REPLACE FUNCTION idem__claim_plain(p_role regrole, p_operation text, p_key text,
+                                             p_tenant text, p_fingerprint bytea)
+RETURNS idem_decision
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ts timestamptz := pg_catalog.clock_timestamp();
+    found_row record;
+BEGIN
+    SELECT NOT (t.state IN ('succeeded', 'failed', 'retryable') AND t.expires_at <= now_ts)
+           AND (t.fingerprint <> p_fingerprint OR t.state IN ('succeeded', 'failed', 'unknown')
+                OR (t.state = 'processing' AND t.locked_until > now_ts)) AS settled,
+           idem__answer(CASE WHEN t.fingerprint <> p_fingerprint THEN 'mismatch'
+                             WHEN t.state IN ('succeeded', 'failed') THEN 'replay'
+                             WHEN t.state = 'unknown' THEN 'unknown'
+                             ELSE 'in_progress' END,
+                        t.id, t.state, t.attempt, t.recovery_point, t.response_status,
+                        t.response_headers, t.response_body, t.resource_id,
+                        t.response_raw_body, t.locked_until, now_ts) AS answer
+      INTO found_row
+      FROM idem_records AS t
+     WHERE t.key = p_key AND t.operation = p_operation AND t.caller = ''
+       AND t.tenant = p_tenant AND t.role = p_role;
+    IF found_row.settled THEN
+        RETURN found_row.answer;
+    END IF;
+    RETURN idem__claim_key(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
+                           interval '86400 seconds', 30000000, 0, 'unknown', false, false,
+                           NOT FOUND);
+END
+$$;
+
 -- idem_claim's body, as the owner of idem_records.  Every claim of an
 -- application runs it, so the common case is tested inline (the calling
 -- role is the session's, a key of printable ASCII within the default
@@ -1722,7 +1766,7 @@ BEGIN
     IF caller IS NOT NULL THEN
         scope_caller := idem__scope_caller(p_role, caller);
     END IF;
-    IF ttl IS NOT NULL OR lease IS NOT NULL OR wait IS NOT NULL
+    IF caller IS NOT NULL OR ttl IS NOT NULL OR lease IS NOT NULL OR wait IS NOT NULL
        OR on_lease_expiry IS DISTINCT FROM 'unknown' OR on_expired IS DISTINCT FROM 'reject'
        OR pg_catalog.current_setting('idempotency.default_ttl', true) <> ''
        OR pg_catalog.current_setting('idempotency.default_lease', true) <> ''
@@ -1734,10 +1778,9 @@ BEGIN
                                o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired,
                                false);
     END IF;
-    RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
-                           CASE WHEN request IS NULL THEN idem__no_request()
-                                ELSE idem_fingerprint(request) END,
-                           interval '86400 seconds', 30000000, 0, 'unknown', false, false);
+    RETURN idem__claim_plain(p_role, operation, key, tenant,
+                             CASE WHEN request IS NULL THEN idem__no_request()
+                                  ELSE idem_fingerprint(request) END);
 END
 $$;
 
@@ -1765,8 +1808,7 @@ BEGIN
         RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
                                o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false);
     END IF;
-    RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
-                           interval '86400 seconds', 30000000, 0, 'unknown', false, false);
+    RETURN idem__claim_plain(p_role, operation, key, tenant, fingerprint);
 END
 $$;
 
@@ -2047,7 +2089,8 @@ END;
 -- Only the definer functions run these, as the owner of idem_records.
 REVOKE ALL ON FUNCTION
     idem__claim_key(regrole, text, text, text, text, bytea, interval, bigint, bigint,
-                    idem_lease_policy, boolean, boolean)
+                    idem_lease_policy, boolean, boolean, boolean),
+    idem__claim_plain(regrole, text, text, text, bytea)
     FROM PUBLIC;
 
 -- src/50_attempt.sql
