@@ -520,6 +520,20 @@ DECLARE
     finished_from boolean;
     detail text;
 BEGIN
+    -- the writes of the idem_* functions, in one test each: a new attempt 1
+    -- processing (or an inbox record); a write of a processing attempt that
+    -- keeps its attempt, fingerprint, scope, key, id and created_at
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.attempt = 1 AND NEW.state = 'processing' THEN
+            RETURN NEW;
+        END IF;
+    ELSIF OLD.state = 'processing' AND NEW.attempt = OLD.attempt
+          AND NEW.fingerprint = OLD.fingerprint AND NEW.role IS NOT DISTINCT FROM OLD.role
+          AND NEW.key = OLD.key AND NEW.operation = OLD.operation AND NEW.caller = OLD.caller
+          AND NEW.tenant = OLD.tenant AND NEW.id = OLD.id AND NEW.created_at = OLD.created_at
+          AND NEW.state IS NOT NULL THEN
+        RETURN NEW;
+    END IF;
     IF NEW.state IS NULL OR NEW.attempt IS NULL THEN
         RETURN NEW;                 -- the NOT NULL constraints report it
     END IF;
@@ -1034,13 +1048,13 @@ $$;
 -- marked unknown) commits synchronously, as with the C edition's
 -- idempotency.synchronous_outcomes (on by default): an asynchronous commit
 -- is visible before it is on disk, and a crash would take back an answer
--- already acted on.  Only synchronous_commit = off needs raising.
+-- already acted on.  Only synchronous_commit = off needs raising, once per
+-- transaction; the writers call this only then.
 CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF pg_catalog.current_setting('synchronous_commit') = 'off'
-       AND idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
+    IF idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
 END

@@ -399,13 +399,13 @@ $$;
 -- marked unknown) commits synchronously, as with the C edition's
 -- idempotency.synchronous_outcomes (on by default): an asynchronous commit
 -- is visible before it is on disk, and a crash would take back an answer
--- already acted on.  Only synchronous_commit = off needs raising.
+-- already acted on.  Only synchronous_commit = off needs raising, once per
+-- transaction; the writers call this only then.
 CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF pg_catalog.current_setting('synchronous_commit') = 'off'
-       AND idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
+    IF idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
 END
