@@ -38,7 +38,7 @@ if grep -n '^[[:space:]]*\\' "$work/body.sql" >&2; then
     echo "$0: psql meta-commands in src/ (above): they belong to the psql wrapper" >&2
     fail=1
 fi
-if grep -niE '^[[:space:]]*(BEGIN|COMMIT|ROLLBACK|START TRANSACTION)[[:space:]]*;' "$work/body.sql" >&2; then
+if grep -niE '^(BEGIN|COMMIT|ROLLBACK|START TRANSACTION)[[:space:]]*;' "$work/body.sql" >&2; then
     echo "$0: transaction control in src/ (above)" >&2
     fail=1
 fi

@@ -1,0 +1,44 @@
+--
+-- The fencing token that names one attempt of one record, in the C
+-- edition's form: "<record id>.<attempt>.<32 hex digits>".  The hex digits
+-- are a random secret of 16 bytes stored with the attempt (attempt_token);
+-- a write with the token succeeds only while the record is processing that
+-- very attempt.  The secret, not the attempt number, is what fences: a
+-- record reused after it expired starts again at attempt 1.  A token of one
+-- edition works on the other, the record having kept its attempt_token.
+--
+
+-- A new secret: the 16 bytes of a random UUID (122 random bits).
+CREATE FUNCTION idem__new_secret()
+RETURNS bytea
+LANGUAGE sql VOLATILE
+RETURN pg_catalog.uuid_send(pg_catalog.gen_random_uuid());
+
+-- The text form of a token.
+CREATE FUNCTION idem__token_format(record_id bigint, attempt integer, secret bytea)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+RETURN record_id::text || '.' || attempt::text || '.' || pg_catalog.encode(secret, 'hex');
+
+-- Parse a token, raising when it is not exactly the form written: no
+-- blanks, signs or leading zeros, lower-case hex digits.
+CREATE FUNCTION idem__token_parse(token text, OUT record_id bigint, OUT attempt integer,
+                                  OUT secret bytea)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    m text[];
+BEGIN
+    IF token IS NULL THEN
+        RAISE EXCEPTION 'token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    m := pg_catalog.regexp_match(token, '^([1-9][0-9]{0,18})\.([1-9][0-9]{0,9})\.([0-9a-f]{32})$');
+    IF m IS NULL OR m[1]::numeric > 9223372036854775807 OR m[2]::numeric > 2147483647 THEN
+        RAISE EXCEPTION 'invalid attempt token'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass the token idem_claim returned with outcome "proceed".';
+    END IF;
+    record_id := m[1]::bigint;
+    attempt := m[2]::integer;
+    secret := pg_catalog.decode(m[3], 'hex');
+END
+$$;
