@@ -478,6 +478,1831 @@ EXCEPTION WHEN invalid_text_representation THEN
 END
 $$;
 
+-- src/15_guard.sql
+--
+-- The records guard: every INSERT and UPDATE of idem_records obeys the state
+-- machine, whoever runs it, the table owner's raw statements included.  The
+-- same transition table as the C edition's (src/state_machine.c), refused
+-- with the same SQLSTATE (23514) and messages:
+--
+--   from \ to    processing                  succeeded  failed  retryable  unknown
+--   (insert)     attempt 1                   -          -       -          -
+--   processing   heartbeat, or takeover      complete   fail    fail/lease lease
+--                (attempt+1, lease ended)
+--   retryable    new attempt (attempt+1),    -          -       -          -
+--                or reuse once expired
+--   unknown      -                           resolve    resolve resolve    -
+--   succeeded,   reuse once expired          -          -       -          -
+--   failed       (attempt 1)
+--
+-- A record is born processing at attempt 1, or succeeded at attempt 1
+-- without a response (idem_inbox), except when a top-level COPY ... FROM
+-- loads it (how psql and pg_restore bring back dumped records).  Role,
+-- scope, key, id and created_at never change; the fingerprint changes only
+-- when an expired record is reused.  Keeping a finished or unknown state is
+-- not a transition (an operator extending expires_at).
+--
+CREATE FUNCTION idem_records_guard() RETURNS trigger
+LANGUAGE plpgsql AS $guard$
+DECLARE
+    from_state idem_state;
+    to_state idem_state;
+    expired boolean;
+    finished_from boolean;
+    detail text;
+BEGIN
+    IF NEW.state IS NULL OR NEW.attempt IS NULL THEN
+        RETURN NEW;                 -- the NOT NULL constraints report it
+    END IF;
+
+    IF TG_OP = 'INSERT' THEN
+        IF (NEW.attempt <> 1
+            OR (NEW.state <> 'processing'
+                AND NOT (NEW.state = 'succeeded' AND NEW.response_status IS NULL
+                         AND NEW.attempt_token IS NULL AND NEW.locked_until IS NULL)))
+           AND pg_catalog.current_query() !~* '^\s*copy\s' THEN
+            RAISE EXCEPTION 'invalid new idempotency record'
+                USING ERRCODE = 'check_violation',
+                      DETAIL = pg_catalog.format('A record is created in state "processing" at attempt 1 (or "succeeded" without a response, by idem_inbox), not in state "%s" at attempt %s.',
+                                                 NEW.state, NEW.attempt),
+                      HINT = 'Create records with idem_claim() or idem_inbox().';
+        END IF;
+        RETURN NEW;
+    END IF;
+
+    -- the scope and key, in the order of the C edition's checks
+    IF NEW.role IS DISTINCT FROM OLD.role THEN
+        detail := 'role';
+    ELSIF NOT (NEW.tenant IS NOT NULL AND NEW.tenant = OLD.tenant) THEN
+        detail := 'tenant';
+    ELSIF NOT (NEW.caller IS NOT NULL AND NEW.caller = OLD.caller) THEN
+        detail := 'caller';
+    ELSIF NOT (NEW.operation IS NOT NULL AND NEW.operation = OLD.operation) THEN
+        detail := 'operation';
+    ELSIF NOT (NEW.key IS NOT NULL AND NEW.key = OLD.key) THEN
+        detail := 'key';
+    END IF;
+    IF detail IS NOT NULL THEN
+        RAISE EXCEPTION 'the scope and key of an idempotency record cannot change'
+            USING ERRCODE = 'check_violation',
+                  DETAIL = pg_catalog.format('Column "%s" was changed.', detail);
+    END IF;
+    IF NEW.id IS DISTINCT FROM OLD.id OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+        RAISE EXCEPTION 'the id and created_at of an idempotency record cannot change'
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF NEW.fingerprint IS NULL THEN
+        RETURN NEW;                 -- the NOT NULL constraint reports it
+    END IF;
+
+    from_state := OLD.state;
+    to_state := NEW.state;
+    expired := OLD.expires_at <= pg_catalog.clock_timestamp();
+    finished_from := from_state IN ('succeeded', 'failed', 'retryable');
+
+    -- an expired record reused by idem_inbox: done at once, attempt 1
+    IF to_state = 'succeeded' AND finished_from AND expired AND NEW.attempt = 1
+       AND NEW.response_status IS NULL AND NEW.attempt_token IS NULL
+       AND NEW.locked_until IS NULL THEN
+        RETURN NEW;
+    END IF;
+
+    IF from_state = to_state AND from_state <> 'processing' THEN
+        -- keeping a finished or unknown state is not a transition
+        IF NEW.attempt <> OLD.attempt THEN
+            detail := 'The attempt number changes only when a new attempt starts.';
+        ELSIF NEW.fingerprint <> OLD.fingerprint THEN
+            detail := 'The fingerprint changes only when an expired record is reused.';
+        END IF;
+    ELSIF NOT (from_state = 'processing'
+               OR (finished_from AND to_state = 'processing')
+               OR (from_state = 'unknown' AND to_state IN ('succeeded', 'failed', 'retryable'))) THEN
+        detail := pg_catalog.format('A record in state "%s" cannot move to state "%s".',
+                                    from_state, to_state);
+    ELSIF to_state = 'processing' AND from_state <> 'processing' AND expired AND finished_from THEN
+        -- an expired record reused for a new command, or a retryable one
+        -- that just expired getting its new attempt
+        IF NEW.attempt <> 1
+           AND (from_state <> 'retryable' OR NEW.fingerprint <> OLD.fingerprint
+                OR NEW.attempt::bigint <> OLD.attempt::bigint + 1) THEN
+            detail := 'A reused record starts again at attempt 1.';
+        END IF;
+    ELSIF NEW.fingerprint <> OLD.fingerprint THEN
+        detail := 'The fingerprint changes only when an expired record is reused.';
+    ELSIF to_state = 'processing' AND from_state = 'processing' THEN
+        IF NEW.attempt <> OLD.attempt THEN
+            IF NEW.attempt::bigint <> OLD.attempt::bigint + 1 THEN
+                detail := pg_catalog.format('A takeover starts attempt %s.', OLD.attempt::bigint + 1);
+            ELSIF OLD.locked_until IS NOT NULL
+                  AND OLD.locked_until > pg_catalog.clock_timestamp() THEN
+                detail := pg_catalog.format('The lease of attempt %s has not ended.', OLD.attempt);
+            END IF;
+        END IF;
+    ELSIF to_state = 'processing' THEN
+        IF from_state <> 'retryable' THEN
+            detail := pg_catalog.format('A "%s" record can be claimed again only after it expires.',
+                                        from_state);
+        ELSIF NEW.attempt::bigint <> OLD.attempt::bigint + 1 THEN
+            detail := pg_catalog.format('A new attempt is attempt %s.', OLD.attempt::bigint + 1);
+        END IF;
+    ELSIF NEW.attempt <> OLD.attempt THEN
+        detail := 'The attempt number changes only when a new attempt starts.';
+    END IF;
+
+    IF detail IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid idempotency record transition from "%" to "%"', from_state, to_state
+            USING ERRCODE = 'check_violation',
+                  DETAIL = detail,
+                  HINT = 'Change records through the idem_* functions.';
+    END IF;
+    RETURN NEW;
+END
+$guard$;
+
+REVOKE ALL ON FUNCTION idem_records_guard() FROM PUBLIC;
+
+CREATE TRIGGER idem_records_guard
+    BEFORE INSERT OR UPDATE ON idem_records
+    FOR EACH ROW EXECUTE FUNCTION idem_records_guard();
+
+-- src/30_validate.sql
+--
+-- Checks of the functions' arguments and settings.  Every check raises
+-- before anything is read or written, with the C edition's SQLSTATE and
+-- message (src/validate.c), so a bad call changes nothing.
+--
+-- The claim functions test the common case inline (a key of printable
+-- ASCII within the limit, a setting left at its default) and call these
+-- only to find the exact error, or to read a setting that is set.
+--
+
+-- A setting of the C edition, read as its integer in the unit the C
+-- edition declares it in (s, ms, B or none), rounded as PostgreSQL rounds
+-- a setting given in another unit.  Without the library the setting is a
+-- placeholder that anyone may set to anything: a value that does not parse
+-- or is out of range is refused here, at the call (22023), where the C
+-- edition refuses it at SET.
+CREATE FUNCTION idem__setting(setting text, default_value bigint, unit text,
+                              min_value bigint, max_value bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v text := pg_catalog.current_setting(setting, true);
+    m text[];
+    n numeric;
+    factor numeric;
+BEGIN
+    IF v IS NULL OR v = '' THEN
+        RETURN default_value;
+    END IF;
+    m := pg_catalog.regexp_match(v, '^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$');
+    IF m IS NOT NULL THEN
+        n := m[1]::numeric;
+        IF m[2] = '' THEN
+            factor := 1;
+        ELSIF unit IN ('s', 'ms') THEN
+            factor := CASE m[2] WHEN 'us' THEN 0.001 WHEN 'ms' THEN 1 WHEN 's' THEN 1000
+                                WHEN 'min' THEN 60000 WHEN 'h' THEN 3600000
+                                WHEN 'd' THEN 86400000 END
+                      / CASE unit WHEN 's' THEN 1000 ELSE 1 END;
+        ELSIF unit = 'B' THEN
+            factor := CASE m[2] WHEN 'B' THEN 1 WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
+                                WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776 END;
+        END IF;
+        IF factor IS NOT NULL THEN
+            n := pg_catalog.round(n * factor);
+            IF n BETWEEN min_value AND max_value THEN
+                RETURN n::bigint;
+            END IF;
+            RAISE EXCEPTION '% is outside the valid range for parameter "%" (% .. %)',
+                            v, setting, min_value, max_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'invalid value for parameter "%": "%"', setting, v
+        USING ERRCODE = 'invalid_parameter_value',
+              HINT = CASE WHEN unit IN ('s', 'ms')
+                          THEN 'Valid units for this parameter are "us", "ms", "s", "min", "h", and "d".'
+                          WHEN unit = 'B'
+                          THEN 'Valid units for this parameter are "B", "kB", "MB", "GB", and "TB".' END;
+END
+$$;
+
+-- A boolean setting (idempotency.synchronous_outcomes).
+CREATE FUNCTION idem__setting_bool(setting text, default_value boolean)
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v text := pg_catalog.lower(pg_catalog.btrim(pg_catalog.current_setting(setting, true)));
+BEGIN
+    IF v IS NULL OR v = '' THEN
+        RETURN default_value;
+    ELSIF v IN ('on', 'true', 'yes', '1', 't', 'y') THEN
+        RETURN true;
+    ELSIF v IN ('off', 'false', 'no', '0', 'f', 'n') THEN
+        RETURN false;
+    END IF;
+    RAISE EXCEPTION 'parameter "%" requires a Boolean value', setting
+        USING ERRCODE = 'invalid_parameter_value';
+END
+$$;
+
+-- idempotency.max_key_length (1 to 8192, 255 by default).
+CREATE FUNCTION idem__max_key_length()
+RETURNS integer
+LANGUAGE sql STABLE
+RETURN CASE WHEN pg_catalog.current_setting('idempotency.max_key_length', true) IS NULL
+              OR pg_catalog.current_setting('idempotency.max_key_length', true) = ''
+            THEN 255
+            ELSE idem__setting('idempotency.max_key_length', 255, '', 1, 8192)::integer END;
+
+-- The first byte of a value that a pattern refuses: its position and hex
+-- value, for a message.
+CREATE FUNCTION idem__bad_byte(value text, allowed text, OUT pos integer, OUT hex text)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    bytes bytea := pg_catalog.convert_to(value, pg_catalog.getdatabaseencoding());
+    b integer;
+BEGIN
+    FOR i IN 0 .. pg_catalog.length(bytes) - 1 LOOP
+        b := pg_catalog.get_byte(bytes, i);
+        IF (allowed = 'key' AND (b < 32 OR b > 126))
+           OR (allowed = 'name' AND (b < 32 OR b = 127))
+           OR (allowed = 'header' AND ((b < 32 AND b <> 9) OR b = 127)) THEN
+            pos := i + 1;
+            hex := pg_catalog.lpad(pg_catalog.to_hex(b), 2, '0');
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- An idempotency key: 1 to idempotency.max_key_length bytes of printable
+-- ASCII, as HTTP header values carry them.
+CREATE FUNCTION idem__check_key(key text)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    len integer := pg_catalog.octet_length(key);
+    max_len integer := idem__max_key_length();
+    bad record;
+BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'key must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF len = 0 THEN
+        RAISE EXCEPTION 'idempotency key must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF len > max_len THEN
+        RAISE EXCEPTION 'idempotency key is too long'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('The key is %s bytes long; the limit is %s.', len, max_len),
+                  HINT = 'Raise idempotency.max_key_length to accept longer keys.';
+    END IF;
+    bad := idem__bad_byte(key, 'key');
+    IF bad.pos IS NOT NULL THEN
+        RAISE EXCEPTION 'idempotency key must be printable ASCII'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('Byte %s of the key is 0x%s.', bad.pos, bad.hex);
+    END IF;
+END
+$$;
+
+-- An operation, tenant, caller or consumer name: at most
+-- idempotency.max_key_length bytes, no control characters.
+CREATE FUNCTION idem__check_name(value text, what text, allow_empty boolean)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    len integer := pg_catalog.octet_length(value);
+    max_len integer := idem__max_key_length();
+    bad record;
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION '% must not be null', what USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF len = 0 AND NOT allow_empty THEN
+        RAISE EXCEPTION '% must not be empty', what USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF len > max_len THEN
+        RAISE EXCEPTION '% is too long', what
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('It is %s bytes long; the limit is %s.', len, max_len);
+    END IF;
+    bad := idem__bad_byte(value, 'name');
+    IF bad.pos IS NOT NULL THEN
+        RAISE EXCEPTION '% must not contain control characters', what
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('Byte %s is 0x%s.', bad.pos, bad.hex);
+    END IF;
+END
+$$;
+
+-- An interval argument (ttl, lease, wait) as microseconds, a month counted
+-- as 30 days and a day as 24 hours, as leases and waits are applied.  No
+-- part may be negative: a ttl is applied in calendar arithmetic
+-- (timestamptz + interval), where a mixed interval such as
+-- '1 mon -30 days' would end before it starts on some dates.  Positive
+-- (or zero where allowed) and at most 365,250 days.
+CREATE FUNCTION idem__interval_usecs(value interval, what text, allow_zero boolean)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    months numeric := pg_catalog.date_part('year', value)::numeric * 12
+                      + pg_catalog.date_part('month', value)::numeric;
+    days numeric := pg_catalog.date_part('day', value)::numeric;
+    usecs numeric;
+BEGIN
+    usecs := extract(epoch FROM value
+                                 - pg_catalog.make_interval(months => months::integer,
+                                                            days => days::integer)) * 1000000;
+    IF months < 0 OR days < 0 OR usecs < 0 THEN
+        RAISE EXCEPTION '% must be %', what, CASE WHEN allow_zero THEN 'zero or positive' ELSE 'positive' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('The value given is %s; no part of it (months, days, time) may be negative.', value);
+    END IF;
+    IF NOT allow_zero AND months = 0 AND days = 0 AND usecs = 0 THEN
+        RAISE EXCEPTION '% must be positive', what
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('The value given is %s.', value);
+    END IF;
+    days := months * 30 + days;
+    usecs := days * 86400000000 + usecs;
+    IF days > 365250 OR usecs > 365250 * 86400000000::numeric THEN
+        RAISE EXCEPTION '% is out of range', what
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('The value given is %s; the longest accepted is 365250 days.', value);
+    END IF;
+    RETURN usecs::bigint;
+END
+$$;
+
+-- An HTTP status code: 100 to 599.
+CREATE FUNCTION idem__check_http_status(status integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF status IS NULL THEN
+        RAISE EXCEPTION 'http_status must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF status < 100 OR status > 599 THEN
+        RAISE EXCEPTION 'http_status must be between 100 and 599'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('The value given is %s.', status);
+    END IF;
+END
+$$;
+
+-- A header name: an HTTP token (RFC 9110), not a hop-by-hop header.
+CREATE FUNCTION idem__check_header_name(name text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    bytes bytea;
+    b integer;
+BEGIN
+    IF name = '' THEN
+        RAISE EXCEPTION 'a header name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF name !~ '^[0-9a-zA-Z!#$%&''*+.^_`|~-]+$' THEN
+        bytes := pg_catalog.convert_to(name, pg_catalog.getdatabaseencoding());
+        FOR i IN 0 .. pg_catalog.length(bytes) - 1 LOOP
+            b := pg_catalog.get_byte(bytes, i);
+            IF NOT (pg_catalog.chr(b) ~ '^[0-9a-zA-Z!#$%&''*+.^_`|~-]$' AND b < 128) THEN
+                RAISE EXCEPTION 'header name "%" is not an HTTP token', idem__clip(name, 64)
+                    USING ERRCODE = 'invalid_parameter_value',
+                          DETAIL = pg_catalog.format('Byte %s is 0x%s; a name is letters, digits and !#$%%&''*+-.^_`|~.',
+                                                     i + 1, pg_catalog.lpad(pg_catalog.to_hex(b), 2, '0'));
+            END IF;
+        END LOOP;
+    END IF;
+    IF pg_catalog.lower(name) IN ('connection', 'keep-alive', 'proxy-connection', 'te', 'trailer',
+                                  'transfer-encoding', 'upgrade') THEN
+        RAISE EXCEPTION 'header "%" is hop-by-hop and cannot be stored', name
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'Connection, Keep-Alive, Proxy-Connection, TE, Trailer, Transfer-Encoding and Upgrade describe one connection, not the response.',
+                  HINT = 'Store the end-to-end headers of the response only.';
+    END IF;
+END
+$$;
+
+-- A header value: no control characters but tab.
+CREATE FUNCTION idem__check_header_value(name text, value text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    bad record;
+BEGIN
+    IF value ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+        bad := idem__bad_byte(value, 'header');
+        RAISE EXCEPTION 'value of header "%" contains a control character', idem__clip(name, 64)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('Byte %s is 0x%s; a stored header could split the replayed response.',
+                                             bad.pos, bad.hex);
+    END IF;
+END
+$$;
+
+-- Response headers: a JSON object of strings (one value per name), or a
+-- JSON array of [name, value] pairs of strings, kept in order and with
+-- repeats.  Names must be HTTP tokens and values free of control
+-- characters other than tab, so that a replay can never split a response.
+CREATE FUNCTION idem__check_headers(headers jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    shape constant text := 'headers must be a JSON object of strings or an array of [name, value] pairs';
+    kind text := pg_catalog.jsonb_typeof(headers);
+    item record;
+    pair jsonb;
+    n integer;
+BEGIN
+    IF kind = 'object' THEN
+        FOR item IN SELECT e.key, e.value FROM pg_catalog.jsonb_each(headers) AS e LOOP
+            PERFORM idem__check_header_name(item.key);
+            IF pg_catalog.jsonb_typeof(item.value) <> 'string' THEN
+                RAISE EXCEPTION '%', shape
+                    USING ERRCODE = 'invalid_parameter_value',
+                          DETAIL = pg_catalog.format('Header "%s" is not a string.', idem__clip(item.key, 64));
+            END IF;
+            PERFORM idem__check_header_value(item.key, item.value #>> '{}');
+        END LOOP;
+    ELSIF kind = 'array' THEN
+        FOR pair IN SELECT e FROM pg_catalog.jsonb_array_elements(headers) AS e LOOP
+            IF pg_catalog.jsonb_typeof(pair) = 'object' THEN
+                RAISE EXCEPTION '%', shape
+                    USING ERRCODE = 'invalid_parameter_value', DETAIL = 'An element is an object.';
+            ELSIF pg_catalog.jsonb_typeof(pair) <> 'array' THEN
+                RAISE EXCEPTION '%', shape
+                    USING ERRCODE = 'invalid_parameter_value',
+                          DETAIL = pg_catalog.format('An element is a JSON %s.',
+                                                     CASE WHEN pg_catalog.jsonb_typeof(pair) = 'string'
+                                                          THEN 'string' ELSE 'scalar' END);
+            END IF;
+            n := 0;
+            FOR item IN SELECT e.value, e.ordinality
+                          FROM pg_catalog.jsonb_array_elements(pair) WITH ORDINALITY AS e LOOP
+                IF pg_catalog.jsonb_typeof(item.value) <> 'string' THEN
+                    RAISE EXCEPTION '%', shape
+                        USING ERRCODE = 'invalid_parameter_value',
+                              DETAIL = 'A pair holds a JSON value that is not a string.';
+                END IF;
+                n := n + 1;
+                IF n = 1 THEN
+                    PERFORM idem__check_header_name(item.value #>> '{}');
+                ELSIF n = 2 THEN
+                    PERFORM idem__check_header_value(pair ->> 0, item.value #>> '{}');
+                END IF;
+            END LOOP;
+            IF n <> 2 THEN
+                RAISE EXCEPTION '%', shape
+                    USING ERRCODE = 'invalid_parameter_value',
+                          DETAIL = pg_catalog.format('A pair holds %s strings; it must hold a name and a value.', n);
+            END IF;
+        END LOOP;
+    ELSE
+        RAISE EXCEPTION '%', shape
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = 'The value given is a JSON scalar.';
+    END IF;
+END
+$$;
+
+-- A user-supplied string shortened for a message: at most maxlen bytes,
+-- cut at a character boundary, with "..." when it was longer.
+CREATE FUNCTION idem__clip(value text, maxlen integer)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    cut text := value;
+BEGIN
+    IF pg_catalog.octet_length(value) <= maxlen THEN
+        RETURN value;
+    END IF;
+    cut := pg_catalog.left(value, maxlen);
+    WHILE pg_catalog.octet_length(cut) > maxlen LOOP
+        cut := pg_catalog.left(cut, -1);
+    END LOOP;
+    RETURN cut || '...';
+END
+$$;
+
+-- on_lease_expiry: 'unknown' or 'retry'.
+CREATE FUNCTION idem__parse_policy(policy text)
+RETURNS idem_lease_policy
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF policy IS NULL THEN
+        RAISE EXCEPTION 'on_lease_expiry must not be null' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF policy = 'unknown' THEN
+        RETURN 'unknown';
+    ELSIF policy = 'retry' THEN
+        RETURN 'retry';
+    END IF;
+    RAISE EXCEPTION 'invalid on_lease_expiry "%"', idem__clip(policy, 32)
+        USING ERRCODE = 'invalid_parameter_value',
+              HINT = 'Use "unknown" (the outcome must be reconciled) or "retry" (a later claim may run the command again).';
+END
+$$;
+
+-- on_expired: true for 'proceed' (a new command over an expired record),
+-- false for 'reject' (answer expired).
+CREATE FUNCTION idem__parse_on_expired(value text)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION 'on_expired must not be null' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF value = 'reject' THEN
+        RETURN false;
+    ELSIF value = 'proceed' THEN
+        RETURN true;
+    END IF;
+    RAISE EXCEPTION 'invalid on_expired "%"', idem__clip(value, 32)
+        USING ERRCODE = 'invalid_parameter_value',
+              HINT = 'Use "reject" (answer expired: the client queries the resource first) or "proceed" (run the command again as a new one).';
+END
+$$;
+
+-- A response to store: status 100 to 599; a body as JSON or raw bytes, not
+-- both; headers an object of strings or a list of [name, value] pairs;
+-- body, raw body, headers and resource id together within
+-- idempotency.max_response_size bytes.  jsonb values count their stored
+-- size, as in the C edition.
+CREATE FUNCTION idem__check_response(http_status integer, body jsonb, headers jsonb,
+                                     resource_id text, raw_body bytea)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    size bigint;
+    max_size bigint;
+BEGIN
+    PERFORM idem__check_http_status(http_status);
+    IF body IS NOT NULL AND raw_body IS NOT NULL THEN
+        RAISE EXCEPTION 'a response has either a body or a raw_body, not both'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass the exact bytes sent to the client as raw_body, or a JSON body as body.';
+    END IF;
+    size := coalesce(pg_catalog.pg_column_size(body) - 4, 0)
+            + coalesce(pg_catalog.pg_column_size(headers) - 4, 0)
+            + coalesce(pg_catalog.octet_length(resource_id), 0)
+            + coalesce(pg_catalog.octet_length(raw_body), 0);
+    IF size > 1024 THEN
+        max_size := idem__setting('idempotency.max_response_size', 1048576, 'B', 1024, 536870911);
+        IF size > max_size THEN
+            RAISE EXCEPTION 'response is too large to store'
+                USING ERRCODE = 'program_limit_exceeded',
+                      DETAIL = pg_catalog.format('Its body, raw body, headers and resource id take %s bytes; idempotency.max_response_size is %s bytes.',
+                                                 size, max_size),
+                      HINT = 'Store the id of the resource the command created and a small body, not the whole document; or raise idempotency.max_response_size.';
+        END IF;
+    END IF;
+    IF headers IS NOT NULL THEN
+        PERFORM idem__check_headers(headers);
+    END IF;
+END
+$$;
+
+-- Raise a clear error when the transaction cannot write: on a standby or in
+-- a read-only transaction.
+CREATE FUNCTION idem__require_writable(what text)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'cannot % on a standby server', what
+            USING ERRCODE = 'read_only_sql_transaction',
+                  DETAIL = 'The server is in recovery: idempotency records can be read here but not written.',
+                  HINT = 'Send claims and their completions to the primary; idem_replay() and claims that replay work on a standby.';
+    END IF;
+    IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION 'cannot % in a read-only transaction', what
+            USING ERRCODE = 'read_only_sql_transaction',
+                  HINT = 'Claims that replay and idem_replay() work read-only; anything that writes a record needs a read-write transaction.';
+    END IF;
+END
+$$;
+
+-- A write that someone acts on (a claim that proceeds, an outcome, a lease
+-- marked unknown) commits synchronously, as with the C edition's
+-- idempotency.synchronous_outcomes (on by default): an asynchronous commit
+-- is visible before it is on disk, and a crash would take back an answer
+-- already acted on.  Only synchronous_commit = off needs raising.
+CREATE FUNCTION idem__outcome_written()
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_catalog.current_setting('synchronous_commit') = 'off'
+       AND idem__setting_bool('idempotency.synchronous_outcomes', true) THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
+    END IF;
+END
+$$;
+
+-- src/35_identity.sql
+--
+-- Who a call acts for.
+--
+-- The application role gets EXECUTE on the public functions and nothing
+-- else: the functions that read or write records are SECURITY DEFINER,
+-- owned by the installing role.  The role a call acts for, the C edition's
+-- current_user at the call, is taken by the public function itself, a thin
+-- LANGUAGE sql wrapper that PostgreSQL inlines into the caller's query, and
+-- passed to the definer function, which accepts it only if the session's
+-- user may act as that role (SET ROLE could give it no more) and that role
+-- may execute the public function it came through.  So a direct call of a
+-- definer function can claim nothing that the public function would not
+-- give, and a role that was not granted EXECUTE gets nothing.
+--
+-- A public function called from inside another SECURITY DEFINER function
+-- acts for that function's owner, as in the C edition; it is refused here
+-- when the session's user could not become that owner.
+--
+
+-- The role a call acts for, checked: session_user may become it, and it may
+-- execute the public function the call came through.
+CREATE FUNCTION idem__acting_role(role regrole, via regprocedure)
+RETURNS regrole
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF role IS NULL
+       OR NOT pg_catalog.pg_has_role(session_user, role,
+                                     CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 160000
+                                          THEN 'SET' ELSE 'MEMBER' END) THEN
+        RAISE EXCEPTION 'permission denied to act as role "%"', coalesce(role::text, '-')
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = pg_catalog.format('Session user "%s" cannot become that role.', session_user),
+                  HINT = 'Call the idem_* functions as the role itself, or SET ROLE to it first.';
+    END IF;
+    IF NOT pg_catalog.has_function_privilege(role, via, 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for function %', pg_catalog.split_part(via::text, '(', 1)
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN role;
+END
+$$;
+
+-- The caller a scope stores: the empty string for the role itself (a NULL
+-- caller), which no call can name; a caller that names the calling role is
+-- refused, since after a rename the same text would name another caller.
+CREATE FUNCTION idem__scope_caller(role regrole, caller text)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF caller IS NULL THEN
+        RETURN '';
+    END IF;
+    PERFORM idem__check_name(caller, 'caller', false);
+    IF caller = pg_catalog.pg_get_userbyid(role) THEN
+        RAISE EXCEPTION 'caller must not name the calling role'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A role''s own records are its default scope; a caller names someone calling within the role.',
+                  HINT = 'Pass no caller (or NULL) for the role itself.';
+    END IF;
+    RETURN caller;
+END
+$$;
+
+-- Whether a role may act on every role's records: the owner of
+-- idem_records, a role with its privileges, or a superuser.
+CREATE FUNCTION idem__is_operator(role regrole)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN pg_catalog.pg_has_role(role,
+                              (SELECT c.relowner FROM pg_catalog.pg_class AS c
+                                WHERE c.oid OPERATOR(pg_catalog.=) 'idem_records'::pg_catalog.regclass),
+                              'USAGE');
+
+-- src/40_token.sql
+--
+-- The fencing token that names one attempt of one record, in the C
+-- edition's form: "<record id>.<attempt>.<32 hex digits>".  The hex digits
+-- are a random secret of 16 bytes stored with the attempt (attempt_token);
+-- a write with the token succeeds only while the record is processing that
+-- very attempt.  The secret, not the attempt number, is what fences: a
+-- record reused after it expired starts again at attempt 1.  A token of one
+-- edition works on the other, the record having kept its attempt_token.
+--
+
+-- A new secret: the 16 bytes of a random UUID (122 random bits).
+CREATE FUNCTION idem__new_secret()
+RETURNS bytea
+LANGUAGE sql VOLATILE
+RETURN pg_catalog.uuid_send(pg_catalog.gen_random_uuid());
+
+-- The text form of a token.
+CREATE FUNCTION idem__token_format(record_id bigint, attempt integer, secret bytea)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+RETURN record_id::text || '.' || attempt::text || '.' || pg_catalog.encode(secret, 'hex');
+
+-- Parse a token, raising when it is not exactly the form written: no
+-- blanks, signs or leading zeros, lower-case hex digits.
+CREATE FUNCTION idem__token_parse(token text, OUT record_id bigint, OUT attempt integer,
+                                  OUT secret bytea)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    m text[];
+BEGIN
+    IF token IS NULL THEN
+        RAISE EXCEPTION 'token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    m := pg_catalog.regexp_match(token, '^([1-9][0-9]{0,18})\.([1-9][0-9]{0,9})\.([0-9a-f]{32})$');
+    IF m IS NULL OR m[1]::numeric > 9223372036854775807 OR m[2]::numeric > 2147483647 THEN
+        RAISE EXCEPTION 'invalid attempt token'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass the token idem_claim returned with outcome "proceed".';
+    END IF;
+    record_id := m[1]::bigint;
+    attempt := m[2]::integer;
+    secret := pg_catalog.decode(m[3], 'hex');
+END
+$$;
+
+-- src/45_claim.sql
+--
+-- Claims: what a request with an idempotency key gets, and the write that
+-- answer needs (the C edition's src/claim.c and src/decision.c).
+--
+-- A claim reads the record of its scope and key and decides, in order:
+--
+--   1. no record                                 -> proceed (insert attempt 1)
+--   2. finished record past expires_at:
+--      within expires_at + tombstone_ttl         -> expired (unless on_expired => 'proceed')
+--      otherwise                                 -> proceed (reuse: attempt 1)
+--   3. fingerprint differs                       -> mismatch
+--   4. succeeded or failed                       -> replay
+--   5. retryable                                 -> proceed (attempt n+1)
+--   6. unknown                                   -> unknown
+--   7. processing, lease running                 -> in_progress
+--   8. processing, lease ended, policy retry     -> proceed (takeover: n+1)
+--   9. processing, lease ended, policy unknown   -> unknown (marked so)
+--
+-- Answers that need no write (replay, mismatch, in_progress, unknown,
+-- expired) are one read: no lock, no subtransaction, no WAL.
+--
+-- A new key is inserted with INSERT ... ON CONFLICT DO NOTHING: never a
+-- 23505, and never two proceeds, since the unique index decides.  An
+-- insert that meets another transaction's uncommitted insert of the same
+-- key waits for it in the lock manager; lock_timeout, set for the insert
+-- alone (transaction-locally, restored afterwards) to what is left of
+-- `wait` (1 ms when wait is 0), bounds that wait, and the block's
+-- exception handler turns 55P03 into in_progress.  That block is a
+-- subtransaction: a new key costs one, and a transaction claiming many
+-- keys takes a subtransaction id per key (see the README).  An existing
+-- record is changed by an UPDATE of the version the decision was made on,
+-- locked FOR UPDATE SKIP LOCKED, which never waits; a claim with time left
+-- to wait then waits for the row's writer in a subtransaction rolled back
+-- at once, so that it keeps no lock.  Writes find the record changed
+-- rather than overwrite it, and the claim reads again: at most five rounds,
+-- as in the C edition.
+--
+-- Under REPEATABLE READ and SERIALIZABLE, a key claimed and committed by
+-- another transaction after the snapshot is a serialization failure, which
+-- ON CONFLICT raises itself; a claim that would wait for a running attempt
+-- answers in_progress at once, or 40001 when the record changed since the
+-- snapshot (a row lock taken and given back at once tells).
+--
+
+-- SHA-256 of the empty string: the fingerprint of a claim without a
+-- request, which no JSON value's canonical form has.
+CREATE FUNCTION idem__no_request()
+RETURNS bytea
+LANGUAGE sql IMMUTABLE
+RETURN '\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
+
+-- What a claim answers from a record as it is.
+CREATE FUNCTION idem__answer(outcome text, r idem_records, now_ts timestamptz)
+RETURNS idem_decision
+LANGUAGE sql STABLE
+RETURN ROW(outcome, NULL, r.id, r.state, r.attempt, r.recovery_point,
+           CASE outcome WHEN 'replay' THEN r.response_status
+                        WHEN 'mismatch' THEN 422
+                        WHEN 'proceed' THEN NULL
+                        ELSE 409 END,
+           CASE WHEN outcome = 'replay' THEN r.response_headers END,
+           CASE WHEN outcome = 'replay' THEN r.response_body END,
+           CASE outcome WHEN 'in_progress' THEN 'IDEMPOTENCY_REQUEST_IN_PROGRESS'
+                        WHEN 'mismatch' THEN 'IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST'
+                        WHEN 'unknown' THEN 'IDEMPOTENCY_OUTCOME_UNKNOWN'
+                        WHEN 'expired' THEN 'IDEMPOTENCY_KEY_EXPIRED' END,
+           CASE WHEN outcome <> 'in_progress' THEN NULL
+                WHEN r.locked_until > now_ts
+                THEN LEAST(pg_catalog.ceil(extract(epoch FROM r.locked_until - now_ts)),
+                                      2147483647)::integer
+                ELSE 1 END,
+           CASE WHEN outcome = 'replay' THEN r.resource_id END,
+           CASE WHEN outcome = 'replay' THEN r.response_raw_body END)::idem_decision;
+
+-- in_progress for a key another transaction is writing right now: its
+-- record is not visible yet.
+CREATE FUNCTION idem__answer_busy()
+RETURNS idem_decision
+LANGUAGE sql IMMUTABLE
+RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
+           'IDEMPOTENCY_REQUEST_IN_PROGRESS', 1, NULL, NULL)::idem_decision;
+
+-- Claim a scope and key whose arguments are checked: read, decide, write
+-- what the decision needs, answer.  p_inbox: an idem_inbox message,
+-- recorded succeeded at once without token or lease.  Runs inside the
+-- definer functions, as the owner of idem_records.
+CREATE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_key text, p_tenant text,
+                                p_caller text, p_fingerprint bytea, p_ttl interval,
+                                p_lease_us bigint, p_wait_us bigint,
+                                p_policy idem_lease_policy, p_proceed_expired boolean,
+                                p_inbox boolean)
+RETURNS idem_decision
+LANGUAGE plpgsql AS $$
+DECLARE
+    r idem_records;
+    now_ts timestamptz := pg_catalog.clock_timestamp();
+    deadline timestamptz := now_ts + p_wait_us * interval '1 microsecond';
+    outcome text;
+    action text;
+    rounds integer := 0;
+    step_ms integer := 5;
+    secret bytea;
+    new_id bigint;
+    same_row boolean;
+    skipped boolean := false;
+    attempt_no integer;
+    rp text;
+    saved_timeout text;
+    timeout_ms bigint;
+    d idem_decision;
+BEGIN
+    LOOP
+        now_ts := pg_catalog.clock_timestamp();
+        SELECT * INTO r FROM idem_records AS t
+         WHERE t.key = p_key AND t.operation = p_operation AND t.caller = p_caller
+           AND t.tenant = p_tenant AND t.role = p_role;
+        IF NOT FOUND THEN
+            IF skipped THEN
+                RAISE EXCEPTION 'a trigger on idem_records changed or skipped a new idempotency record'
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          DETAIL = 'A BEFORE INSERT trigger changed the record''s id, scope or key, or returned NULL; the claim''s key would not be the key written.',
+                          HINT = 'Drop the trigger, or leave the id, the scope and the key of a new row as they are.';
+            END IF;
+            outcome := 'proceed';
+            action := 'insert';
+        ELSIF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
+            IF NOT p_proceed_expired
+               AND now_ts < r.expires_at
+                            + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
+                              * interval '1 second' THEN
+                outcome := 'expired';
+                action := 'none';
+            ELSE
+                outcome := 'proceed';
+                action := 'reuse';
+            END IF;
+        ELSIF r.fingerprint <> p_fingerprint THEN
+            outcome := 'mismatch';
+            action := 'none';
+        ELSIF r.state IN ('succeeded', 'failed') THEN
+            outcome := 'replay';
+            action := 'none';
+        ELSIF r.state = 'retryable' THEN
+            outcome := 'proceed';
+            action := 'new_attempt';
+        ELSIF r.state = 'unknown' THEN
+            outcome := 'unknown';
+            action := 'none';
+        ELSIF r.locked_until > now_ts THEN
+            outcome := 'in_progress';
+            action := 'none';
+        ELSIF r.on_lease_expiry = 'retry' THEN
+            outcome := 'proceed';
+            action := 'takeover';
+        ELSE
+            outcome := 'unknown';
+            action := 'mark_unknown';
+        END IF;
+
+        -- an inbox message id held by a record only idem_claim makes
+        IF p_inbox AND (action NOT IN ('none', 'insert', 'reuse') OR outcome = 'unknown') THEN
+            RAISE EXCEPTION 'message id of consumer "%" is held by an idem_claim record in state "%"',
+                            p_operation, r.state
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'idem_inbox records are done at once; this one was made by idem_claim with the same operation name.',
+                      HINT = 'Use a consumer name that no idem_claim operation uses.';
+        END IF;
+
+        IF action = 'none' THEN
+            IF outcome = 'in_progress' AND now_ts < deadline THEN
+                IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+                    -- this snapshot never sees the attempt end: no waiting
+                    BEGIN
+                        PERFORM FROM idem_records AS t WHERE t.id = r.id FOR SHARE NOWAIT;
+                        IF NOT FOUND THEN
+                            RAISE EXCEPTION USING ERRCODE = 'serialization_failure';
+                        END IF;
+                        RAISE EXCEPTION USING ERRCODE = 'IDEM0';
+                    EXCEPTION
+                        WHEN lock_not_available OR sqlstate 'IDEM0' THEN
+                            NULL;
+                        WHEN serialization_failure THEN
+                            RAISE EXCEPTION 'could not serialize access due to concurrent update'
+                                USING ERRCODE = 'serialization_failure',
+                                      DETAIL = 'The idempotency record changed after this transaction''s snapshot was taken.',
+                                      HINT = 'Retry the transaction: it will see the record''s answer.';
+                    END;
+                    d := idem__answer('in_progress', r, now_ts);
+                    d.retry_after := 1;
+                    RETURN d;
+                END IF;
+                PERFORM pg_catalog.pg_sleep(GREATEST(1, LEAST(step_ms,
+                            extract(epoch FROM LEAST(deadline, r.locked_until) - now_ts) * 1000))
+                            / 1000.0);
+                step_ms := LEAST(step_ms * 2, 100);
+                CONTINUE;
+            END IF;
+            RETURN idem__answer(outcome, r, now_ts);
+        END IF;
+
+        -- the decision needs a write
+        IF pg_catalog.current_setting('transaction_read_only') = 'on' OR pg_catalog.pg_is_in_recovery() THEN
+            IF action = 'mark_unknown' THEN
+                r.state := 'unknown';
+                RETURN idem__answer('unknown', r, now_ts);
+            END IF;
+            PERFORM idem__require_writable('claim an idempotency key');
+        END IF;
+
+        rounds := rounds + 1;
+        IF rounds > 5 AND now_ts >= deadline THEN
+            RETURN idem__answer_busy();     -- the row keeps being written by others
+        END IF;
+
+        IF NOT p_inbox THEN
+            secret := pg_catalog.uuid_send(pg_catalog.gen_random_uuid());
+        END IF;
+
+        IF action = 'insert' THEN
+            saved_timeout := pg_catalog.current_setting('lock_timeout');
+            timeout_ms := GREATEST(1, pg_catalog.ceil(extract(epoch FROM deadline - now_ts) * 1000));
+            BEGIN
+                PERFORM pg_catalog.set_config('lock_timeout', timeout_ms::text || 'ms', true);
+                INSERT INTO idem_records AS t
+                       (role, tenant, caller, operation, key, fingerprint, state, attempt,
+                        attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
+                        updated_at, completed_at, expires_at)
+                VALUES (p_role, p_tenant, p_caller, p_operation, p_key, p_fingerprint,
+                        CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state, 1,
+                        secret,
+                        CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                        p_policy, p_ttl, now_ts, now_ts, now_ts,
+                        CASE WHEN p_inbox THEN now_ts END, now_ts + p_ttl)
+                ON CONFLICT DO NOTHING
+                RETURNING t.id, (t.role = p_role AND t.tenant = p_tenant AND t.caller = p_caller
+                                 AND t.operation = p_operation AND t.key = p_key)
+                     INTO new_id, same_row;
+                PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
+            EXCEPTION WHEN lock_not_available THEN
+                -- another transaction is inserting the key and has not ended
+                RETURN idem__answer_busy();
+            END;
+            IF new_id IS NOT NULL THEN
+                IF same_row IS NOT TRUE THEN
+                    RAISE EXCEPTION 'a trigger on idem_records changed or skipped a new idempotency record'
+                        USING ERRCODE = 'object_not_in_prerequisite_state',
+                              DETAIL = 'A BEFORE INSERT trigger changed the record''s id, scope or key, or returned NULL; the claim''s key would not be the key written.',
+                              HINT = 'Drop the trigger, or leave the id, the scope and the key of a new row as they are.';
+                END IF;
+                PERFORM idem__outcome_written();
+                RETURN ROW('proceed',
+                           CASE WHEN NOT p_inbox
+                                THEN new_id::text || '.1.' || pg_catalog.encode(secret, 'hex') END,
+                           new_id, 'processing', 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                           NULL)::idem_decision;
+            END IF;
+            -- a record committed since the read: read it
+            skipped := true;
+            CONTINUE;
+        END IF;
+        skipped := false;
+
+        IF action = 'mark_unknown' THEN
+            UPDATE idem_records AS t
+               SET state = 'unknown', updated_at = now_ts, expires_at = now_ts + t.ttl
+             WHERE t.id = (SELECT s.id FROM idem_records AS s
+                            WHERE s.id = r.id AND s.attempt = r.attempt AND s.state = 'processing'
+                              AND s.locked_until <= now_ts
+                              FOR UPDATE SKIP LOCKED);
+            IF FOUND THEN
+                PERFORM idem__outcome_written();
+                r.state := 'unknown';
+                RETURN idem__answer('unknown', r, now_ts);
+            END IF;
+        ELSE
+            -- a new command on an expired record, a takeover or a new attempt
+            IF action <> 'reuse' AND r.attempt = 2147483647 THEN
+                RAISE EXCEPTION 'the idempotency record has reached the largest attempt number'
+                    USING ERRCODE = 'program_limit_exceeded',
+                          DETAIL = pg_catalog.format('Attempt %s was its last; no further attempt can start.', r.attempt),
+                          HINT = 'The owner of idem_records can delete the record to start the command over.';
+            END IF;
+            attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
+            IF action = 'reuse' AND idem__cleanup_archives() THEN
+                WITH target AS (
+                    SELECT s.* FROM idem_records AS s
+                     WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
+                       AND s.expires_at <= now_ts
+                       AND (r.state <> 'processing' OR s.locked_until <= now_ts)
+                       FOR UPDATE SKIP LOCKED),
+                archived AS (
+                    INSERT INTO idem_records_archive
+                           (id, role, tenant, caller, operation, key, fingerprint, state, attempt,
+                            attempt_token, recovery_point, locked_until, on_lease_expiry, ttl,
+                            response_status, response_headers, response_body, resource_id,
+                            created_at, claimed_at, updated_at, completed_at, expires_at,
+                            response_raw_body, response_sealed, former_role, archived_at)
+                    SELECT o.id, o.role, o.tenant, o.caller, o.operation, o.key, o.fingerprint,
+                           o.state, o.attempt, o.attempt_token, o.recovery_point, o.locked_until,
+                           o.on_lease_expiry, o.ttl, o.response_status, o.response_headers,
+                           o.response_body, o.resource_id, o.created_at, o.claimed_at,
+                           o.updated_at, o.completed_at, o.expires_at, o.response_raw_body,
+                           o.response_sealed, o.former_role, pg_catalog.clock_timestamp()
+                      FROM target AS o
+                     WHERE NOT EXISTS (SELECT FROM idem_records_archive AS x
+                                        WHERE x.id = o.id AND x.claimed_at = o.claimed_at))
+                UPDATE idem_records AS t
+                   SET fingerprint = p_fingerprint,
+                       state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
+                       attempt = 1, attempt_token = secret, recovery_point = NULL,
+                       locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                       on_lease_expiry = p_policy, ttl = p_ttl,
+                       response_status = NULL, response_headers = NULL, response_body = NULL,
+                       resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
+                       claimed_at = now_ts, updated_at = now_ts,
+                       completed_at = CASE WHEN p_inbox THEN now_ts END,
+                       expires_at = now_ts + p_ttl
+                 WHERE t.id = (SELECT target.id FROM target)
+                RETURNING t.recovery_point INTO rp;
+            ELSE
+                UPDATE idem_records AS t
+                   SET fingerprint = p_fingerprint,
+                       state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
+                       attempt = attempt_no, attempt_token = secret,
+                       recovery_point = CASE WHEN action = 'reuse' THEN NULL ELSE t.recovery_point END,
+                       locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                       on_lease_expiry = p_policy, ttl = p_ttl,
+                       response_status = NULL, response_headers = NULL, response_body = NULL,
+                       resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
+                       claimed_at = now_ts, updated_at = now_ts,
+                       completed_at = CASE WHEN p_inbox THEN now_ts END,
+                       expires_at = now_ts + p_ttl
+                 WHERE t.id = (SELECT s.id FROM idem_records AS s
+                                WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
+                                  AND (action <> 'reuse' OR s.expires_at <= now_ts)
+                                  AND (r.state <> 'processing' OR s.locked_until <= now_ts)
+                                  FOR UPDATE SKIP LOCKED)
+                RETURNING t.recovery_point INTO rp;
+            END IF;
+            IF FOUND THEN
+                PERFORM idem__outcome_written();
+                RETURN ROW('proceed',
+                           CASE WHEN NOT p_inbox
+                                THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
+                           r.id, 'processing', attempt_no, rp, NULL, NULL, NULL, NULL, NULL, NULL,
+                           NULL)::idem_decision;
+            END IF;
+        END IF;
+
+        -- The record changed since it was read, or another transaction is
+        -- writing it (a completion racing this takeover, say).  With time
+        -- left, wait for that writer (a row lock taken in a subtransaction
+        -- that is rolled back at once, so that nothing stays locked);
+        -- without, answer in_progress if it is still at it, else read again.
+        now_ts := pg_catalog.clock_timestamp();
+        saved_timeout := pg_catalog.current_setting('lock_timeout');
+        timeout_ms := pg_catalog.ceil(extract(epoch FROM deadline - now_ts) * 1000);
+        BEGIN
+            IF timeout_ms > 0 THEN
+                PERFORM pg_catalog.set_config('lock_timeout', timeout_ms::text || 'ms', true);
+                PERFORM FROM idem_records AS t WHERE t.id = r.id FOR SHARE;
+            ELSE
+                PERFORM FROM idem_records AS t WHERE t.id = r.id FOR SHARE NOWAIT;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = 'IDEM0';
+        EXCEPTION
+            WHEN lock_not_available THEN
+                RETURN idem__answer_busy();
+            WHEN sqlstate 'IDEM0' THEN
+                NULL;
+        END;
+    END LOOP;
+END
+$$;
+
+-- Whether a reuse copies the record to idem_records_archive first
+-- (idempotency.cleanup_action = 'archive').
+CREATE FUNCTION idem__cleanup_archives()
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v text := pg_catalog.current_setting('idempotency.cleanup_action', true);
+BEGIN
+    IF v IS NULL OR v = '' OR v = 'delete' THEN
+        RETURN false;
+    ELSIF v = 'archive' THEN
+        RETURN true;
+    END IF;
+    RAISE EXCEPTION 'invalid value for parameter "idempotency.cleanup_action": "%"', v
+        USING ERRCODE = 'invalid_parameter_value',
+              HINT = 'Available values: delete, archive.';
+END
+$$;
+
+-- The options every claim takes after its scope, checked as the C
+-- edition checks them and in its order: ttl, lease, wait as microseconds
+-- (NULL: the settings'), on_lease_expiry, on_expired.
+CREATE FUNCTION idem__claim_options(ttl interval, lease interval, wait interval,
+                                    on_lease_expiry text, on_expired text,
+                                    OUT ttl_value interval, OUT lease_us bigint, OUT wait_us bigint,
+                                    OUT policy idem_lease_policy, OUT proceed_expired boolean)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF ttl IS NULL THEN
+        ttl_value := idem__setting('idempotency.default_ttl', 86400, 's', 1, 2147483647)
+                     * interval '1 second';
+    ELSE
+        ttl_value := ttl;
+    END IF;
+    PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
+    IF lease IS NULL THEN
+        lease_us := idem__setting('idempotency.default_lease', 30000, 'ms', 1, 2147483647) * 1000;
+    ELSE
+        lease_us := idem__interval_usecs(lease, 'lease', false);
+    END IF;
+    IF wait IS NULL THEN
+        wait_us := idem__setting('idempotency.claim_wait', 0, 'ms', 0, 2147483647) * 1000;
+    ELSE
+        wait_us := idem__interval_usecs(wait, 'wait', true);
+    END IF;
+    policy := idem__parse_policy(on_lease_expiry);
+    proceed_expired := idem__parse_on_expired(on_expired);
+END
+$$;
+
+-- The scope of a call: operation, key and tenant given, checked in the C
+-- edition's order; the key is checked inline when it plainly passes.
+CREATE FUNCTION idem__check_scope(operation text, key text, tenant text)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF operation IS NULL THEN
+        RAISE EXCEPTION 'operation must not be null' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF key IS NULL THEN
+        RAISE EXCEPTION 'key must not be null' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF tenant IS NULL THEN
+        RAISE EXCEPTION 'tenant must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF operation = '' OR operation ~ '[\x01-\x1f\x7f]'
+       OR pg_catalog.octet_length(operation) > 255 THEN
+        PERFORM idem__check_name(operation, 'operation', false);
+    END IF;
+    IF key = '' OR key ~ '[^ -~]' OR pg_catalog.octet_length(key) > 255 THEN
+        PERFORM idem__check_key(key);
+    END IF;
+    IF tenant ~ '[\x01-\x1f\x7f]' OR pg_catalog.octet_length(tenant) > 255 THEN
+        PERFORM idem__check_name(tenant, 'tenant', true);
+    END IF;
+    IF pg_catalog.current_setting('idempotency.max_key_length', true) <> ''
+       AND pg_catalog.current_setting('idempotency.max_key_length', true) <> '255' THEN
+        PERFORM idem__check_name(operation, 'operation', false);
+        PERFORM idem__check_key(key);
+        PERFORM idem__check_name(tenant, 'tenant', true);
+    END IF;
+END
+$$;
+
+-- idem_claim's body, as the owner of idem_records.
+CREATE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
+                            caller text, ttl interval, lease interval, wait interval,
+                            on_lease_expiry text, on_expired text)
+RETURNS idem_decision
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    scope_caller text;
+    o record;
+BEGIN
+    PERFORM idem__acting_role(p_role, 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)');
+    PERFORM idem__check_scope(operation, key, tenant);
+    IF caller IS NOT NULL THEN
+        scope_caller := idem__scope_caller(p_role, caller);
+    ELSE
+        scope_caller := '';
+    END IF;
+    o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
+    RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
+                           CASE WHEN request IS NULL THEN idem__no_request()
+                                ELSE idem_fingerprint(request) END,
+                           o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired, false);
+END
+$$;
+
+-- idem_claim_text's body: the request's text read as jsonb reads it (its
+-- errors first, as idem_claim's cast), every option at its default.
+CREATE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
+RETURNS idem_decision
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    fingerprint bytea := CASE WHEN request IS NULL THEN idem__no_request()
+                              ELSE idem_fingerprint(request::jsonb) END;
+    o record;
+BEGIN
+    PERFORM idem__acting_role(p_role, 'idem_claim_text(text, text, text, text)');
+    PERFORM idem__check_scope(operation, key, tenant);
+    o := idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject');
+    RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
+                           o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false);
+END
+$$;
+
+-- The items of idem_claim_many: a one-dimensional array without NULLs (a
+-- NULL array is refused like a NULL key); returns how many.
+CREATE FUNCTION idem__check_items(items anyarray, name text)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF items IS NULL THEN
+        RAISE EXCEPTION '% must not be null', name USING ERRCODE = 'null_value_not_allowed';
+    ELSIF pg_catalog.array_ndims(items) > 1 THEN
+        RAISE EXCEPTION '% must be a one-dimensional array', name
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('The array given has %s dimensions.', pg_catalog.array_ndims(items));
+    ELSIF pg_catalog.array_position(items, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION '% must not contain NULL', name
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('Element %s is NULL.',
+                                             pg_catalog.array_position(items, NULL) - pg_catalog.array_lower(items, 1) + 1);
+    END IF;
+    RETURN coalesce(pg_catalog.cardinality(items), 0);
+END
+$$;
+
+-- idem_claim_many's body: every key and request checked before the first
+-- claim; one claim per item in input order; wait bounds the whole call; a
+-- key repeated within the call is claimed again without waiting.
+CREATE FUNCTION idem__claim_many(p_role regrole, operation text, keys text[], requests jsonb[],
+                                 tenant text, caller text, ttl interval, lease interval,
+                                 wait interval, on_lease_expiry text, on_expired text)
+RETURNS TABLE (key text, outcome text, token text, record_id bigint, state idem_state,
+               attempt integer, recovery_point text, http_status integer, headers jsonb,
+               body jsonb, error_code text, retry_after integer, resource_id text,
+               raw_body bytea)
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    scope_caller text;
+    o record;
+    n integer;
+    fingerprints bytea[];
+    seen text[];
+    deadline timestamptz;
+    d idem_decision;
+    i integer;
+    first_pos jsonb := '{}';
+BEGIN
+    PERFORM idem__acting_role(p_role, 'idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text)');
+    IF operation IS NULL THEN
+        RAISE EXCEPTION 'operation must not be null' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF tenant IS NULL THEN
+        RAISE EXCEPTION 'tenant must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM idem__check_name(operation, 'operation', false);
+    PERFORM idem__check_name(tenant, 'tenant', true);
+    scope_caller := idem__scope_caller(p_role, caller);
+    n := idem__check_items(keys, 'keys');
+    IF requests IS NOT NULL THEN
+        IF idem__check_items(requests, 'requests') <> n THEN
+            RAISE EXCEPTION 'keys and requests must have the same number of elements'
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = pg_catalog.format('keys has %s elements, requests has %s.',
+                                                 n, coalesce(pg_catalog.cardinality(requests), 0));
+        END IF;
+        -- the arrays are read by position from 1
+        requests := pg_catalog.array_cat('{}'::jsonb[], requests);
+    END IF;
+    keys := pg_catalog.array_cat('{}'::text[], keys);
+    o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
+
+    fingerprints := pg_catalog.array_fill(NULL::bytea, ARRAY[GREATEST(n, 1)]);
+    FOR i IN 1 .. n LOOP
+        PERFORM idem__check_key(keys[i]);
+        fingerprints[i] := CASE WHEN requests IS NULL THEN idem__no_request()
+                                ELSE idem_fingerprint(requests[i]) END;
+    END LOOP;
+
+    deadline := pg_catalog.clock_timestamp() + o.wait_us * interval '1 microsecond';
+    FOR i IN 1 .. n LOOP
+        d := idem__claim_key(p_role, operation, keys[i], tenant, scope_caller, fingerprints[i],
+                             o.ttl_value, o.lease_us,
+                             CASE WHEN first_pos ? keys[i] THEN 0
+                                  ELSE GREATEST(0, (extract(epoch FROM deadline - pg_catalog.clock_timestamp()) * 1000000)::bigint) END,
+                             o.policy, o.proceed_expired, false);
+        first_pos := first_pos || pg_catalog.jsonb_build_object(keys[i], i);
+        key := keys[i];
+        outcome := d.outcome; token := d.token; record_id := d.record_id; state := d.state;
+        attempt := d.attempt; recovery_point := d.recovery_point; http_status := d.http_status;
+        headers := d.headers; body := d.body; error_code := d.error_code;
+        retry_after := d.retry_after; resource_id := d.resource_id; raw_body := d.raw_body;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- idem_inbox's body: a consumer's message id recorded succeeded at once, in
+-- the consumer's transaction.
+CREATE FUNCTION idem__inbox(p_role regrole, consumer text, message_id text, message jsonb,
+                            ttl interval)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    fingerprint bytea;
+    ttl_value interval;
+    d idem_decision;
+    stored bytea;
+BEGIN
+    PERFORM idem__acting_role(p_role, 'idem_inbox(text, text, jsonb, interval)');
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be null' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF message_id IS NULL THEN
+        RAISE EXCEPTION 'message_id must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM idem__check_name(consumer, 'consumer', false);
+    PERFORM idem__check_key(message_id);
+    fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem_fingerprint(message) END;
+    ttl_value := coalesce(ttl, idem__setting('idempotency.default_ttl', 86400, 's', 1, 2147483647)
+                               * interval '1 second');
+    PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
+    d := idem__claim_key(p_role, consumer, message_id, '', '', fingerprint, ttl_value, 0,
+                         idem__setting('idempotency.claim_wait', 0, 'ms', 0, 2147483647) * 1000,
+                         'unknown', false, true);
+    IF d.outcome = 'expired' THEN
+        -- a tombstone keeps the fingerprint: a different message is a mismatch
+        SELECT r.fingerprint INTO stored FROM idem_records AS r WHERE r.id = d.record_id;
+        IF stored IS DISTINCT FROM fingerprint THEN
+            RETURN 'mismatch';
+        END IF;
+        RETURN 'duplicate';
+    END IF;
+    RETURN CASE d.outcome WHEN 'proceed' THEN 'proceed'
+                          WHEN 'replay' THEN 'duplicate'
+                          WHEN 'in_progress' THEN 'in_progress'
+                          WHEN 'mismatch' THEN 'mismatch' END;
+END
+$$;
+
+-- idem_replay's body: what a claim would answer, without a request and
+-- without writing; a tombstone shows as expired; no row when there is no
+-- record or it is past the tombstone window.
+CREATE FUNCTION idem__replay(p_role regrole, operation text, key text, tenant text, caller text)
+RETURNS SETOF idem_decision
+LANGUAGE plpgsql STABLE SECURITY DEFINER ROWS 1 AS $$
+DECLARE
+    r idem_records;
+    now_ts timestamptz := pg_catalog.clock_timestamp();
+    scope_caller text;
+BEGIN
+    PERFORM idem__acting_role(p_role, 'idem_replay(text, text, text, text)');
+    PERFORM idem__check_scope(operation, key, tenant);
+    scope_caller := idem__scope_caller(p_role, caller);
+    SELECT * INTO r FROM idem_records AS t
+     WHERE t.key = idem__replay.key AND t.operation = idem__replay.operation
+       AND t.caller = scope_caller AND t.tenant = idem__replay.tenant AND t.role = p_role;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
+        IF now_ts < r.expires_at + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
+                                   * interval '1 second' THEN
+            RETURN NEXT idem__answer('expired', r, now_ts);
+        END IF;
+        RETURN;
+    END IF;
+    RETURN NEXT idem__answer(CASE WHEN r.state IN ('succeeded', 'failed') THEN 'replay'
+                                  WHEN r.state = 'retryable' THEN 'proceed'
+                                  WHEN r.state = 'unknown' THEN 'unknown'
+                                  WHEN r.locked_until > now_ts THEN 'in_progress'
+                                  WHEN r.on_lease_expiry = 'retry' THEN 'proceed'
+                                  ELSE 'unknown' END,
+                             r, now_ts);
+END
+$$;
+
+--
+-- The public functions: each passes the calling role to its body.  They
+-- are inlined into the calling statement (LANGUAGE sql, one expression, no
+-- SET clause), so the wrapper costs nothing.
+--
+CREATE FUNCTION idem_claim(
+    operation       text,
+    key             text,
+    request         jsonb DEFAULT NULL,
+    tenant          text DEFAULT '',
+    caller          text DEFAULT NULL,
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    wait            interval DEFAULT NULL,
+    on_lease_expiry text DEFAULT 'unknown',
+    on_expired      text DEFAULT 'reject')
+RETURNS idem_decision
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idem__claim(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), operation, key,
+                   request, tenant, caller, ttl, lease, wait, on_lease_expiry, on_expired);
+
+COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
+    'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown or expired';
+
+CREATE FUNCTION idem_claim_text(
+    operation text,
+    key       text,
+    request   text,
+    tenant    text DEFAULT '')
+RETURNS idem_decision
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idem__claim_text(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), operation,
+                        key, request, tenant);
+
+COMMENT ON FUNCTION idem_claim_text(text, text, text, text) IS
+    'Claim an idempotency key with a request given as JSON text and the default options: idem_claim''s answer';
+
+CREATE FUNCTION idem_claim_many(
+    operation       text,
+    keys            text[],
+    requests        jsonb[] DEFAULT NULL,
+    tenant          text DEFAULT '',
+    caller          text DEFAULT NULL,
+    ttl             interval DEFAULT NULL,
+    lease           interval DEFAULT NULL,
+    wait            interval DEFAULT NULL,
+    on_lease_expiry text DEFAULT 'unknown',
+    on_expired      text DEFAULT 'reject')
+RETURNS TABLE (
+    key            text,
+    outcome        text,
+    token          text,
+    record_id      bigint,
+    state          idem_state,
+    attempt        integer,
+    recovery_point text,
+    http_status    integer,
+    headers        jsonb,
+    body           jsonb,
+    error_code     text,
+    retry_after    integer,
+    resource_id    text,
+    raw_body       bytea)
+LANGUAGE sql VOLATILE PARALLEL UNSAFE ROWS 100
+BEGIN ATOMIC
+    SELECT * FROM idem__claim_many(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
+                                   operation, keys, requests, tenant, caller, ttl, lease, wait,
+                                   on_lease_expiry, on_expired);
+END;
+
+COMMENT ON FUNCTION idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text) IS
+    'Claim many idempotency keys at once: one decision per key, in input order';
+
+CREATE FUNCTION idem_inbox(
+    consumer   text,
+    message_id text,
+    message    jsonb DEFAULT NULL,
+    ttl        interval DEFAULT NULL)
+RETURNS text
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idem__inbox(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), consumer,
+                   message_id, message, ttl);
+
+COMMENT ON FUNCTION idem_inbox(text, text, jsonb, interval) IS
+    'Record a consumed message id: proceed, duplicate, in_progress or mismatch';
+
+CREATE FUNCTION idem_replay(
+    operation text,
+    key       text,
+    tenant    text DEFAULT '',
+    caller    text DEFAULT NULL)
+RETURNS SETOF idem_decision
+LANGUAGE sql STABLE PARALLEL RESTRICTED ROWS 1
+BEGIN ATOMIC
+    SELECT * FROM idem__replay(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
+                               operation, key, tenant, caller);
+END;
+
+REVOKE ALL ON FUNCTION
+    idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text),
+    idem_claim_text(text, text, text, text),
+    idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text),
+    idem_inbox(text, text, jsonb, interval),
+    idem_replay(text, text, text, text)
+    FROM PUBLIC;
+
+-- Only the definer functions run these, as the owner of idem_records.
+REVOKE ALL ON FUNCTION
+    idem__claim_key(regrole, text, text, text, text, bytea, interval, bigint, bigint,
+                    idem_lease_policy, boolean, boolean)
+    FROM PUBLIC;
+
+-- src/50_attempt.sql
+--
+-- What the holder of an attempt token does with it (idem_complete,
+-- idem_fail, idem_heartbeat, idem_checkpoint) and how an operator settles
+-- a record whose outcome is unknown (idem_resolve): the C edition's
+-- src/attempt.c.
+--
+-- A token write succeeds only while the record is processing the very
+-- attempt the token names; otherwise it raises 55000 and changes nothing,
+-- so a worker that lost its lease never overwrites the outcome of the
+-- attempt that replaced it.  The token's role and secret are checked on the
+-- committed record first, before the write locks or waits: a token of
+-- another role, or a forged one, gets the same error at once as a token
+-- naming no record, and learns nothing about other roles' records, not
+-- even from a wait.
+--
+
+-- Explain why a token no longer names the record's running attempt.
+CREATE FUNCTION idem__stale_token(p_role regrole, p_record_id bigint, p_attempt integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    detail text;
+    hint text;
+BEGIN
+    SELECT t.state, t.attempt INTO r FROM idem_records AS t
+     WHERE t.id = p_record_id AND t.role = p_role;
+    IF NOT FOUND THEN
+        detail := pg_catalog.format('Record %s no longer exists.', p_record_id);
+    ELSIF r.attempt <> p_attempt THEN
+        detail := pg_catalog.format('Attempt %s of record %s was replaced by attempt %s.',
+                                    p_attempt, p_record_id, r.attempt);
+    ELSIF r.state = 'processing' THEN
+        detail := pg_catalog.format('The token does not match attempt %s of record %s.',
+                                    p_attempt, p_record_id);
+    ELSIF r.state = 'unknown' THEN
+        detail := pg_catalog.format('The lease of attempt %s of record %s ended and its outcome was marked unknown.',
+                                    p_attempt, p_record_id);
+        hint := 'Once the outcome is known, settle it with idem_resolve().';
+    ELSE
+        detail := pg_catalog.format('Attempt %s of record %s already ended as "%s".',
+                                    p_attempt, p_record_id, r.state);
+    END IF;
+    IF hint IS NULL THEN
+        RAISE EXCEPTION 'attempt token is no longer valid'
+            USING ERRCODE = 'object_not_in_prerequisite_state', DETAIL = detail;
+    END IF;
+    RAISE EXCEPTION 'attempt token is no longer valid'
+        USING ERRCODE = 'object_not_in_prerequisite_state', DETAIL = detail, HINT = hint;
+END
+$$;
+
+-- Store the outcome of the attempt a token names: succeeded (complete),
+-- failed or retryable (fail).
+CREATE FUNCTION idem__finish(p_role regrole, via text, token text,
+                             new_state idem_state, http_status integer, body jsonb,
+                             headers jsonb, resource_id text, raw_body bytea)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    tok record;
+    now_ts timestamptz;
+BEGIN
+    IF via = 'idem_complete' THEN
+        PERFORM idem__acting_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)');
+    ELSE
+        PERFORM idem__acting_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)');
+    END IF;
+    tok := idem__token_parse(token);
+    IF http_status IS NULL THEN
+        RAISE EXCEPTION 'http_status must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF http_status < 100 OR http_status > 599 OR headers IS NOT NULL
+       OR (body IS NOT NULL AND raw_body IS NOT NULL)
+       OR coalesce(pg_catalog.octet_length(raw_body), 0) + coalesce(pg_catalog.pg_column_size(body), 0)
+          + coalesce(pg_catalog.octet_length(resource_id), 0) > 1024 THEN
+        PERFORM idem__check_response(http_status, body, headers, resource_id, raw_body);
+    END IF;
+    IF new_state IS NULL THEN
+        RAISE EXCEPTION 'retryable must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.current_setting('transaction_read_only') = 'on' OR pg_catalog.pg_is_in_recovery() THEN
+        PERFORM idem__require_writable('store the outcome of an attempt');
+    END IF;
+
+    PERFORM FROM idem_records AS t
+     WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
+    IF FOUND THEN
+        now_ts := pg_catalog.clock_timestamp();
+        UPDATE idem_records AS t
+           SET state = new_state, response_status = http_status,
+               response_headers = headers, response_body = body,
+               response_raw_body = raw_body, response_sealed = NULL,
+               resource_id = idem__finish.resource_id,
+               attempt_token = NULL, locked_until = NULL,
+               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+           AND t.state = 'processing' AND t.attempt = tok.attempt;
+        IF FOUND THEN
+            PERFORM idem__outcome_written();
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM idem__stale_token(p_role, tok.record_id, tok.attempt);
+END
+$$;
+
+-- Set the lease end or the recovery point of the attempt a token names.
+CREATE FUNCTION idem__token_write(p_role regrole, tok record, new_locked_until timestamptz,
+                                  new_recovery_point text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM FROM idem_records AS t
+     WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
+    IF FOUND THEN
+        UPDATE idem_records AS t
+           SET locked_until = coalesce(new_locked_until, t.locked_until),
+               recovery_point = coalesce(new_recovery_point, t.recovery_point),
+               updated_at = pg_catalog.clock_timestamp()
+         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+           AND t.state = 'processing' AND t.attempt = tok.attempt;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM idem__stale_token(p_role, tok.record_id, tok.attempt);
+END
+$$;
+
+CREATE FUNCTION idem__heartbeat(p_role regrole, token text, lease interval)
+RETURNS timestamptz
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    tok record;
+    lease_us bigint;
+    locked_until timestamptz;
+BEGIN
+    PERFORM idem__acting_role(p_role, 'idem_heartbeat(text, interval)');
+    tok := idem__token_parse(token);
+    IF lease IS NULL THEN
+        lease_us := idem__setting('idempotency.default_lease', 30000, 'ms', 1, 2147483647) * 1000;
+    ELSE
+        lease_us := idem__interval_usecs(lease, 'lease', false);
+    END IF;
+    locked_until := pg_catalog.clock_timestamp() + lease_us * interval '1 microsecond';
+    PERFORM idem__require_writable('extend a lease');
+    PERFORM idem__token_write(p_role, tok, locked_until, NULL);
+    RETURN locked_until;
+END
+$$;
+
+CREATE FUNCTION idem__checkpoint(p_role regrole, token text, recovery_point text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    tok record;
+    max_size bigint;
+BEGIN
+    PERFORM idem__acting_role(p_role, 'idem_checkpoint(text, text)');
+    tok := idem__token_parse(token);
+    IF recovery_point IS NULL THEN
+        RAISE EXCEPTION 'recovery_point must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.octet_length(recovery_point) > 1024 THEN
+        max_size := idem__setting('idempotency.max_response_size', 1048576, 'B', 1024, 536870911);
+        IF pg_catalog.octet_length(recovery_point) > max_size THEN
+            RAISE EXCEPTION 'recovery_point is too large to store'
+                USING ERRCODE = 'program_limit_exceeded',
+                      DETAIL = pg_catalog.format('It takes %s bytes; idempotency.max_response_size is %s bytes.',
+                                                 pg_catalog.octet_length(recovery_point), max_size);
+        END IF;
+    END IF;
+    PERFORM idem__require_writable('record a recovery point');
+    PERFORM idem__token_write(p_role, tok, NULL, recovery_point);
+END
+$$;
+
+-- Settle an unknown record as succeeded, failed or retryable: the calling
+-- role's own, or any role's for the owner of idem_records and superusers.
+CREATE FUNCTION idem__resolve(p_role regrole, record_id bigint, state text, http_status integer,
+                              body jsonb, headers jsonb, raw_body bytea)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    new_state idem_state;
+    any_role boolean;
+    now_ts timestamptz;
+    found_state idem_state;
+BEGIN
+    PERFORM idem__acting_role(p_role, 'idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)');
+    IF record_id IS NULL THEN
+        RAISE EXCEPTION 'record_id must not be null' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF state IS NULL THEN
+        RAISE EXCEPTION 'state must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM idem__check_response(http_status, body, headers, NULL, raw_body);
+    IF state IN ('succeeded', 'failed', 'retryable') THEN
+        new_state := state::idem_state;
+    ELSE
+        RAISE EXCEPTION 'invalid state "%" for idem_resolve', idem__clip(state, 32)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'An unknown record is resolved as "succeeded", "failed" or "retryable".';
+    END IF;
+    PERFORM idem__require_writable('resolve an idempotency record');
+    any_role := idem__is_operator(p_role);
+    now_ts := pg_catalog.clock_timestamp();
+    UPDATE idem_records AS t
+       SET state = new_state, response_status = http_status,
+           response_headers = headers, response_body = body,
+           response_raw_body = raw_body, response_sealed = NULL,
+           completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+     WHERE t.id = idem__resolve.record_id AND t.state = 'unknown'
+       AND (t.role = p_role OR any_role);
+    IF FOUND THEN
+        PERFORM idem__outcome_written();
+        RETURN;
+    END IF;
+    SELECT t.state INTO found_state FROM idem_records AS t
+     WHERE t.id = idem__resolve.record_id AND (t.role = p_role OR any_role);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'idempotency record % does not exist', record_id
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    RAISE EXCEPTION 'idempotency record % is not unknown', record_id
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              DETAIL = pg_catalog.format('Its state is "%s"; only unknown records are resolved.', found_state);
+END
+$$;
+
+--
+-- The public functions, inlined into the calling statement.
+--
+CREATE FUNCTION idem_complete(
+    token       text,
+    http_status integer,
+    body        jsonb DEFAULT NULL,
+    headers     jsonb DEFAULT NULL,
+    resource_id text DEFAULT NULL,
+    raw_body    bytea DEFAULT NULL)
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idem__finish(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
+                    'idem_complete', token,
+                    'succeeded', http_status, body, headers, resource_id, raw_body);
+
+CREATE FUNCTION idem_fail(
+    token       text,
+    http_status integer,
+    body        jsonb DEFAULT NULL,
+    headers     jsonb DEFAULT NULL,
+    retryable   boolean DEFAULT false,
+    raw_body    bytea DEFAULT NULL)
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idem__finish(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
+                    'idem_fail', token,
+                    CASE WHEN retryable THEN 'retryable' WHEN NOT retryable THEN 'failed' END::idem_state,
+                    http_status, body, headers, NULL, raw_body);
+
+CREATE FUNCTION idem_heartbeat(
+    token text,
+    lease interval DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idem__heartbeat(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), token, lease);
+
+CREATE FUNCTION idem_checkpoint(
+    token          text,
+    recovery_point text)
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idem__checkpoint(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), token,
+                        recovery_point);
+
+CREATE FUNCTION idem_resolve(
+    record_id   bigint,
+    state       text,
+    http_status integer,
+    body        jsonb DEFAULT NULL,
+    headers     jsonb DEFAULT NULL,
+    raw_body    bytea DEFAULT NULL)
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN idem__resolve(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), record_id,
+                     state, http_status, body, headers, raw_body);
+
+REVOKE ALL ON FUNCTION
+    idem_complete(text, integer, jsonb, jsonb, text, bytea),
+    idem_fail(text, integer, jsonb, jsonb, boolean, bytea),
+    idem_heartbeat(text, interval),
+    idem_checkpoint(text, text),
+    idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)
+    FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION
+    idem__stale_token(regrole, bigint, integer),
+    idem__token_write(regrole, record, timestamptz, text)
+    FROM PUBLIC;
+
 -- src/60_maintenance.sql
 --
 -- Maintenance: the C extension's two passes over idem_records (lease
