@@ -2,6 +2,9 @@
 -- Canonical JSON (RFC 8785 with exact numbers) and the request fingerprint.
 -- Numbers have a file of their own: canonical_numbers.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
 CREATE EXTENSION IF NOT EXISTS pgcrypto;

@@ -7,6 +7,9 @@
 --   -6 < n <= 0     "0.", -n zeros, digits       (down to 0.000001)
 --   otherwise       d.ddde+-(n-1)                (1e+21, 1e-7)
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
 RESET client_min_messages;

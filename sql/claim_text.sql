@@ -4,6 +4,9 @@
 -- the jsonb's for every text jsonb accepts, and text jsonb refuses must be
 -- refused with the same error, writing nothing.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
 RESET client_min_messages;

@@ -5,6 +5,9 @@
 -- sees only its own records; objects a user creates in other schemas, or a
 -- search_path that puts them first, change nothing the functions do.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 SET idempotency.default_lease = '1h';
 
