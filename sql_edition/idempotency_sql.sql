@@ -511,7 +511,7 @@ $$;
 -- when an expired record is reused.  Keeping a finished or unknown state is
 -- not a transition (an operator extending expires_at).
 --
-CREATE FUNCTION idem_records_guard() RETURNS trigger
+CREATE OR REPLACE FUNCTION idem_records_guard() RETURNS trigger
 LANGUAGE plpgsql AS $guard$
 DECLARE
     from_state idem_state;
@@ -628,9 +628,7 @@ BEGIN
 END
 $guard$;
 
-REVOKE ALL ON FUNCTION idem_records_guard() FROM PUBLIC;
-
-CREATE TRIGGER idem_records_guard
+CREATE OR REPLACE TRIGGER idem_records_guard
     BEFORE INSERT OR UPDATE ON idem_records
     FOR EACH ROW EXECUTE FUNCTION idem_records_guard();
 
@@ -641,93 +639,22 @@ CREATE TRIGGER idem_records_guard
 -- message (src/validate.c), so a bad call changes nothing.
 --
 -- The claim functions test the common case inline (a key of printable
--- ASCII within the limit, a setting left at its default) and call these
--- only to find the exact error, or to read a setting that is set.
+-- ASCII within the limit) and call these only to find the exact error.
+-- Settings are read by 12_settings.sql's readers.
 --
 
--- A setting of the C edition, read as its integer in the unit the C
--- edition declares it in (s, ms, B or none), rounded as PostgreSQL rounds
--- a setting given in another unit.  Without the library the setting is a
--- placeholder that anyone may set to anything: a value that does not parse
--- or is out of range is refused here, at the call (22023), where the C
--- edition refuses it at SET.
-CREATE FUNCTION idem__setting(setting text, default_value bigint, unit text,
-                              min_value bigint, max_value bigint)
-RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v text := pg_catalog.current_setting(setting, true);
-    m text[];
-    n numeric;
-    factor numeric;
-BEGIN
-    IF v IS NULL OR v = '' THEN
-        RETURN default_value;
-    END IF;
-    m := pg_catalog.regexp_match(v, '^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$');
-    IF m IS NOT NULL THEN
-        n := m[1]::numeric;
-        IF m[2] = '' THEN
-            factor := 1;
-        ELSIF unit IN ('s', 'ms') THEN
-            factor := CASE m[2] WHEN 'us' THEN 0.001 WHEN 'ms' THEN 1 WHEN 's' THEN 1000
-                                WHEN 'min' THEN 60000 WHEN 'h' THEN 3600000
-                                WHEN 'd' THEN 86400000 END
-                      / CASE unit WHEN 's' THEN 1000 ELSE 1 END;
-        ELSIF unit = 'B' THEN
-            factor := CASE m[2] WHEN 'B' THEN 1 WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
-                                WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776 END;
-        END IF;
-        IF factor IS NOT NULL THEN
-            n := pg_catalog.round(n * factor);
-            IF n BETWEEN min_value AND max_value THEN
-                RETURN n::bigint;
-            END IF;
-            RAISE EXCEPTION '% is outside the valid range for parameter "%" (% .. %)',
-                            v, setting, min_value, max_value
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END IF;
-    RAISE EXCEPTION 'invalid value for parameter "%": "%"', setting, v
-        USING ERRCODE = 'invalid_parameter_value',
-              HINT = CASE WHEN unit IN ('s', 'ms')
-                          THEN 'Valid units for this parameter are "us", "ms", "s", "min", "h", and "d".'
-                          WHEN unit = 'B'
-                          THEN 'Valid units for this parameter are "B", "kB", "MB", "GB", and "TB".' END;
-END
-$$;
-
--- A boolean setting (idempotency.synchronous_outcomes).
-CREATE FUNCTION idem__setting_bool(setting text, default_value boolean)
-RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v text := pg_catalog.lower(pg_catalog.btrim(pg_catalog.current_setting(setting, true)));
-BEGIN
-    IF v IS NULL OR v = '' THEN
-        RETURN default_value;
-    ELSIF v IN ('on', 'true', 'yes', '1', 't', 'y') THEN
-        RETURN true;
-    ELSIF v IN ('off', 'false', 'no', '0', 'f', 'n') THEN
-        RETURN false;
-    END IF;
-    RAISE EXCEPTION 'parameter "%" requires a Boolean value', setting
-        USING ERRCODE = 'invalid_parameter_value';
-END
-$$;
-
 -- idempotency.max_key_length (1 to 8192, 255 by default).
-CREATE FUNCTION idem__max_key_length()
+CREATE OR REPLACE FUNCTION idem__max_key_length()
 RETURNS integer
 LANGUAGE sql STABLE
 RETURN CASE WHEN pg_catalog.current_setting('idempotency.max_key_length', true) IS NULL
               OR pg_catalog.current_setting('idempotency.max_key_length', true) = ''
             THEN 255
-            ELSE idem__setting('idempotency.max_key_length', 255, '', 1, 8192)::integer END;
+            ELSE idem_setting_integer('idempotency.max_key_length', 255, 1, 8192) END;
 
 -- The first byte of a value that a pattern refuses: its position and hex
 -- value, for a message.
-CREATE FUNCTION idem__bad_byte(value text, allowed text, OUT pos integer, OUT hex text)
+CREATE OR REPLACE FUNCTION idem__bad_byte(value text, allowed text, OUT pos integer, OUT hex text)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     bytes bytea := pg_catalog.convert_to(value, pg_catalog.getdatabaseencoding());
@@ -748,7 +675,7 @@ $$;
 
 -- An idempotency key: 1 to idempotency.max_key_length bytes of printable
 -- ASCII, as HTTP header values carry them.
-CREATE FUNCTION idem__check_key(key text)
+CREATE OR REPLACE FUNCTION idem__check_key(key text)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -779,7 +706,7 @@ $$;
 
 -- An operation, tenant, caller or consumer name: at most
 -- idempotency.max_key_length bytes, no control characters.
-CREATE FUNCTION idem__check_name(value text, what text, allow_empty boolean)
+CREATE OR REPLACE FUNCTION idem__check_name(value text, what text, allow_empty boolean)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -813,7 +740,7 @@ $$;
 -- (timestamptz + interval), where a mixed interval such as
 -- '1 mon -30 days' would end before it starts on some dates.  Positive
 -- (or zero where allowed) and at most 365,250 days.
-CREATE FUNCTION idem__interval_usecs(value interval, what text, allow_zero boolean)
+CREATE OR REPLACE FUNCTION idem__interval_usecs(value interval, what text, allow_zero boolean)
 RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -847,7 +774,7 @@ END
 $$;
 
 -- An HTTP status code: 100 to 599.
-CREATE FUNCTION idem__check_http_status(status integer)
+CREATE OR REPLACE FUNCTION idem__check_http_status(status integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -863,7 +790,7 @@ END
 $$;
 
 -- A header name: an HTTP token (RFC 9110), not a hop-by-hop header.
-CREATE FUNCTION idem__check_header_name(name text)
+CREATE OR REPLACE FUNCTION idem__check_header_name(name text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -896,7 +823,7 @@ END
 $$;
 
 -- A header value: no control characters but tab.
-CREATE FUNCTION idem__check_header_value(name text, value text)
+CREATE OR REPLACE FUNCTION idem__check_header_value(name text, value text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -916,7 +843,7 @@ $$;
 -- JSON array of [name, value] pairs of strings, kept in order and with
 -- repeats.  Names must be HTTP tokens and values free of control
 -- characters other than tab, so that a replay can never split a response.
-CREATE FUNCTION idem__check_headers(headers jsonb)
+CREATE OR REPLACE FUNCTION idem__check_headers(headers jsonb)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -978,7 +905,7 @@ $$;
 
 -- A user-supplied string shortened for a message: at most maxlen bytes,
 -- cut at a character boundary, with "..." when it was longer.
-CREATE FUNCTION idem__clip(value text, maxlen integer)
+CREATE OR REPLACE FUNCTION idem__clip(value text, maxlen integer)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -996,7 +923,7 @@ END
 $$;
 
 -- on_lease_expiry: 'unknown' or 'retry'.
-CREATE FUNCTION idem__parse_policy(policy text)
+CREATE OR REPLACE FUNCTION idem__parse_policy(policy text)
 RETURNS idem_lease_policy
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -1015,7 +942,7 @@ $$;
 
 -- on_expired: true for 'proceed' (a new command over an expired record),
 -- false for 'reject' (answer expired).
-CREATE FUNCTION idem__parse_on_expired(value text)
+CREATE OR REPLACE FUNCTION idem__parse_on_expired(value text)
 RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -1037,7 +964,7 @@ $$;
 -- body, raw body, headers and resource id together within
 -- idempotency.max_response_size bytes.  jsonb values count their stored
 -- size, as in the C edition.
-CREATE FUNCTION idem__check_response(http_status integer, body jsonb, headers jsonb,
+CREATE OR REPLACE FUNCTION idem__check_response(http_status integer, body jsonb, headers jsonb,
                                      resource_id text, raw_body bytea)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
@@ -1056,7 +983,7 @@ BEGIN
             + coalesce(pg_catalog.octet_length(resource_id), 0)
             + coalesce(pg_catalog.octet_length(raw_body), 0);
     IF size > 1024 THEN
-        max_size := idem__setting('idempotency.max_response_size', 1048576, 'B', 1024, 536870911);
+        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF size > max_size THEN
             RAISE EXCEPTION 'response is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -1073,7 +1000,7 @@ $$;
 
 -- Raise a clear error when the transaction cannot write: on a standby or in
 -- a read-only transaction.
-CREATE FUNCTION idem__require_writable(what text)
+CREATE OR REPLACE FUNCTION idem__require_writable(what text)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -1096,14 +1023,32 @@ $$;
 -- idempotency.synchronous_outcomes (on by default): an asynchronous commit
 -- is visible before it is on disk, and a crash would take back an answer
 -- already acted on.  Only synchronous_commit = off needs raising.
-CREATE FUNCTION idem__outcome_written()
+CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF pg_catalog.current_setting('synchronous_commit') = 'off'
-       AND idem__setting_bool('idempotency.synchronous_outcomes', true) THEN
+       AND idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
+END
+$$;
+
+-- Raise again a constraint error (SQLSTATE class 23) that a write of a
+-- record raised, with its message but not PostgreSQL's DETAIL, which would
+-- show the row's values (the key, the scope, the attempt token's secret)
+-- to the client and in the server log.
+CREATE OR REPLACE FUNCTION idem__reraise_without_values(state text, message text, constraint_name text,
+                                             table_name text, column_name text,
+                                             schema_name text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '%', message
+        USING ERRCODE = state,
+              DETAIL = 'The values of the idempotency record are not shown.',
+              CONSTRAINT = coalesce(constraint_name, ''), TABLE = coalesce(table_name, ''),
+              COLUMN = coalesce(column_name, ''), SCHEMA = coalesce(schema_name, '');
 END
 $$;
 
@@ -1129,7 +1074,7 @@ $$;
 
 -- The role a call acts for, checked: session_user may become it, and it may
 -- execute the public function the call came through.
-CREATE FUNCTION idem__acting_role(role regrole, via regprocedure)
+CREATE OR REPLACE FUNCTION idem__acting_role(role regrole, via regprocedure)
 RETURNS regrole
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -1153,7 +1098,7 @@ $$;
 -- The caller a scope stores: the empty string for the role itself (a NULL
 -- caller), which no call can name; a caller that names the calling role is
 -- refused, since after a rename the same text would name another caller.
-CREATE FUNCTION idem__scope_caller(role regrole, caller text)
+CREATE OR REPLACE FUNCTION idem__scope_caller(role regrole, caller text)
 RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -1173,7 +1118,7 @@ $$;
 
 -- Whether a role may act on every role's records: the owner of
 -- idem_records, a role with its privileges, or a superuser.
-CREATE FUNCTION idem__is_operator(role regrole)
+CREATE OR REPLACE FUNCTION idem__is_operator(role regrole)
 RETURNS boolean
 LANGUAGE sql STABLE
 RETURN pg_catalog.pg_has_role(role,
@@ -1193,20 +1138,20 @@ RETURN pg_catalog.pg_has_role(role,
 --
 
 -- A new secret: the 16 bytes of a random UUID (122 random bits).
-CREATE FUNCTION idem__new_secret()
+CREATE OR REPLACE FUNCTION idem__new_secret()
 RETURNS bytea
 LANGUAGE sql VOLATILE
 RETURN pg_catalog.uuid_send(pg_catalog.gen_random_uuid());
 
 -- The text form of a token.
-CREATE FUNCTION idem__token_format(record_id bigint, attempt integer, secret bytea)
+CREATE OR REPLACE FUNCTION idem__token_format(record_id bigint, attempt integer, secret bytea)
 RETURNS text
 LANGUAGE sql IMMUTABLE
 RETURN record_id::text || '.' || attempt::text || '.' || pg_catalog.encode(secret, 'hex');
 
 -- Parse a token, raising when it is not exactly the form written: no
 -- blanks, signs or leading zeros, lower-case hex digits.
-CREATE FUNCTION idem__token_parse(token text, OUT record_id bigint, OUT attempt integer,
+CREATE OR REPLACE FUNCTION idem__token_parse(token text, OUT record_id bigint, OUT attempt integer,
                                   OUT secret bytea)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -1249,7 +1194,7 @@ $$;
 -- Answers that need no write (replay, mismatch, in_progress, unknown,
 -- expired) are one read: no lock, no subtransaction, no WAL.
 --
--- A new key is inserted with INSERT ... ON CONFLICT DO NOTHING: never a
+-- A new key is inserted with INSERT ... ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING: never a
 -- 23505, and never two proceeds, since the unique index decides.  An
 -- insert that meets another transaction's uncommitted insert of the same
 -- key waits for it in the lock manager; lock_timeout, set for the insert
@@ -1274,37 +1219,42 @@ $$;
 
 -- SHA-256 of the empty string: the fingerprint of a claim without a
 -- request, which no JSON value's canonical form has.
-CREATE FUNCTION idem__no_request()
+CREATE OR REPLACE FUNCTION idem__no_request()
 RETURNS bytea
 LANGUAGE sql IMMUTABLE
 RETURN '\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
--- What a claim answers from a record as it is.
-CREATE FUNCTION idem__answer(outcome text, r idem_records, now_ts timestamptz)
+-- What a claim answers from a record as it is (its columns, not its row
+-- type: a function taking idem_records would keep its owner from adding
+-- columns to the table).
+CREATE OR REPLACE FUNCTION idem__answer(outcome text, id bigint, state idem_state, attempt integer,
+                             recovery_point text, response_status integer,
+                             response_headers jsonb, response_body jsonb, resource_id text,
+                             response_raw_body bytea, locked_until timestamptz,
+                             now_ts timestamptz)
 RETURNS idem_decision
 LANGUAGE sql STABLE
-RETURN ROW(outcome, NULL, r.id, r.state, r.attempt, r.recovery_point,
-           CASE outcome WHEN 'replay' THEN r.response_status
+RETURN ROW(outcome, NULL, id, state, attempt, recovery_point,
+           CASE outcome WHEN 'replay' THEN response_status
                         WHEN 'mismatch' THEN 422
                         WHEN 'proceed' THEN NULL
                         ELSE 409 END,
-           CASE WHEN outcome = 'replay' THEN r.response_headers END,
-           CASE WHEN outcome = 'replay' THEN r.response_body END,
+           CASE WHEN outcome = 'replay' THEN response_headers END,
+           CASE WHEN outcome = 'replay' THEN response_body END,
            CASE outcome WHEN 'in_progress' THEN 'IDEMPOTENCY_REQUEST_IN_PROGRESS'
                         WHEN 'mismatch' THEN 'IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST'
                         WHEN 'unknown' THEN 'IDEMPOTENCY_OUTCOME_UNKNOWN'
                         WHEN 'expired' THEN 'IDEMPOTENCY_KEY_EXPIRED' END,
            CASE WHEN outcome <> 'in_progress' THEN NULL
-                WHEN r.locked_until > now_ts
-                THEN LEAST(pg_catalog.ceil(extract(epoch FROM r.locked_until - now_ts)),
-                                      2147483647)::integer
+                WHEN locked_until > now_ts
+                THEN LEAST(pg_catalog.ceil(extract(epoch FROM locked_until - now_ts)), 2147483647)::integer
                 ELSE 1 END,
-           CASE WHEN outcome = 'replay' THEN r.resource_id END,
-           CASE WHEN outcome = 'replay' THEN r.response_raw_body END)::idem_decision;
+           CASE WHEN outcome = 'replay' THEN resource_id END,
+           CASE WHEN outcome = 'replay' THEN response_raw_body END)::idem_decision;
 
 -- in_progress for a key another transaction is writing right now: its
 -- record is not visible yet.
-CREATE FUNCTION idem__answer_busy()
+CREATE OR REPLACE FUNCTION idem__answer_busy()
 RETURNS idem_decision
 LANGUAGE sql IMMUTABLE
 RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
@@ -1314,7 +1264,7 @@ RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
 -- what the decision needs, answer.  p_inbox: an idem_inbox message,
 -- recorded succeeded at once without token or lease.  Runs inside the
 -- definer functions, as the owner of idem_records.
-CREATE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_key text, p_tenant text,
+CREATE OR REPLACE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_key text, p_tenant text,
                                 p_caller text, p_fingerprint bytea, p_ttl interval,
                                 p_lease_us bigint, p_wait_us bigint,
                                 p_policy idem_lease_policy, p_proceed_expired boolean,
@@ -1338,6 +1288,12 @@ DECLARE
     saved_timeout text;
     timeout_ms bigint;
     d idem_decision;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     LOOP
         now_ts := pg_catalog.clock_timestamp();
@@ -1356,7 +1312,7 @@ BEGIN
         ELSIF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
             IF NOT p_proceed_expired
                AND now_ts < r.expires_at
-                            + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
+                            + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                               * interval '1 second' THEN
                 outcome := 'expired';
                 action := 'none';
@@ -1415,7 +1371,7 @@ BEGIN
                                       DETAIL = 'The idempotency record changed after this transaction''s snapshot was taken.',
                                       HINT = 'Retry the transaction: it will see the record''s answer.';
                     END;
-                    d := idem__answer('in_progress', r, now_ts);
+                    d := idem__answer('in_progress', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
                     d.retry_after := 1;
                     RETURN d;
                 END IF;
@@ -1425,14 +1381,14 @@ BEGIN
                 step_ms := LEAST(step_ms * 2, 100);
                 CONTINUE;
             END IF;
-            RETURN idem__answer(outcome, r, now_ts);
+            RETURN idem__answer(outcome, r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;
 
         -- the decision needs a write
         IF pg_catalog.current_setting('transaction_read_only') = 'on' OR pg_catalog.pg_is_in_recovery() THEN
             IF action = 'mark_unknown' THEN
                 r.state := 'unknown';
-                RETURN idem__answer('unknown', r, now_ts);
+                RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
             END IF;
             PERFORM idem__require_writable('claim an idempotency key');
         END IF;
@@ -1461,14 +1417,21 @@ BEGIN
                         CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
                         p_policy, p_ttl, now_ts, now_ts, now_ts,
                         CASE WHEN p_inbox THEN now_ts END, now_ts + p_ttl)
-                ON CONFLICT DO NOTHING
+                ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING
                 RETURNING t.id, (t.role = p_role AND t.tenant = p_tenant AND t.caller = p_caller
                                  AND t.operation = p_operation AND t.key = p_key)
                      INTO new_id, same_row;
                 PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
-            EXCEPTION WHEN lock_not_available THEN
-                -- another transaction is inserting the key and has not ended
-                RETURN idem__answer_busy();
+            EXCEPTION
+                WHEN lock_not_available THEN
+                    -- another transaction is inserting the key and has not ended
+                    RETURN idem__answer_busy();
+                WHEN integrity_constraint_violation THEN
+                    GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                        e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                        e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+                    PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                         e_table, e_column, e_schema);
             END;
             IF new_id IS NOT NULL THEN
                 IF same_row IS NOT TRUE THEN
@@ -1490,92 +1453,101 @@ BEGIN
         END IF;
         skipped := false;
 
-        IF action = 'mark_unknown' THEN
-            UPDATE idem_records AS t
-               SET state = 'unknown', updated_at = now_ts, expires_at = now_ts + t.ttl
-             WHERE t.id = (SELECT s.id FROM idem_records AS s
-                            WHERE s.id = r.id AND s.attempt = r.attempt AND s.state = 'processing'
-                              AND s.locked_until <= now_ts
-                              FOR UPDATE SKIP LOCKED);
-            IF FOUND THEN
-                PERFORM idem__outcome_written();
-                r.state := 'unknown';
-                RETURN idem__answer('unknown', r, now_ts);
-            END IF;
-        ELSE
-            -- a new command on an expired record, a takeover or a new attempt
-            IF action <> 'reuse' AND r.attempt = 2147483647 THEN
-                RAISE EXCEPTION 'the idempotency record has reached the largest attempt number'
-                    USING ERRCODE = 'program_limit_exceeded',
-                          DETAIL = pg_catalog.format('Attempt %s was its last; no further attempt can start.', r.attempt),
-                          HINT = 'The owner of idem_records can delete the record to start the command over.';
-            END IF;
-            attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
-            IF action = 'reuse' AND idem__cleanup_archives() THEN
-                WITH target AS (
-                    SELECT s.* FROM idem_records AS s
-                     WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
-                       AND s.expires_at <= now_ts
-                       AND (r.state <> 'processing' OR s.locked_until <= now_ts)
-                       FOR UPDATE SKIP LOCKED),
-                archived AS (
-                    INSERT INTO idem_records_archive
-                           (id, role, tenant, caller, operation, key, fingerprint, state, attempt,
-                            attempt_token, recovery_point, locked_until, on_lease_expiry, ttl,
-                            response_status, response_headers, response_body, resource_id,
-                            created_at, claimed_at, updated_at, completed_at, expires_at,
-                            response_raw_body, response_sealed, former_role, archived_at)
-                    SELECT o.id, o.role, o.tenant, o.caller, o.operation, o.key, o.fingerprint,
-                           o.state, o.attempt, o.attempt_token, o.recovery_point, o.locked_until,
-                           o.on_lease_expiry, o.ttl, o.response_status, o.response_headers,
-                           o.response_body, o.resource_id, o.created_at, o.claimed_at,
-                           o.updated_at, o.completed_at, o.expires_at, o.response_raw_body,
-                           o.response_sealed, o.former_role, pg_catalog.clock_timestamp()
-                      FROM target AS o
-                     WHERE NOT EXISTS (SELECT FROM idem_records_archive AS x
-                                        WHERE x.id = o.id AND x.claimed_at = o.claimed_at))
+        BEGIN
+            IF action = 'mark_unknown' THEN
                 UPDATE idem_records AS t
-                   SET fingerprint = p_fingerprint,
-                       state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
-                       attempt = 1, attempt_token = secret, recovery_point = NULL,
-                       locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
-                       on_lease_expiry = p_policy, ttl = p_ttl,
-                       response_status = NULL, response_headers = NULL, response_body = NULL,
-                       resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
-                       claimed_at = now_ts, updated_at = now_ts,
-                       completed_at = CASE WHEN p_inbox THEN now_ts END,
-                       expires_at = now_ts + p_ttl
-                 WHERE t.id = (SELECT target.id FROM target)
-                RETURNING t.recovery_point INTO rp;
-            ELSE
-                UPDATE idem_records AS t
-                   SET fingerprint = p_fingerprint,
-                       state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
-                       attempt = attempt_no, attempt_token = secret,
-                       recovery_point = CASE WHEN action = 'reuse' THEN NULL ELSE t.recovery_point END,
-                       locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
-                       on_lease_expiry = p_policy, ttl = p_ttl,
-                       response_status = NULL, response_headers = NULL, response_body = NULL,
-                       resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
-                       claimed_at = now_ts, updated_at = now_ts,
-                       completed_at = CASE WHEN p_inbox THEN now_ts END,
-                       expires_at = now_ts + p_ttl
+                   SET state = 'unknown', updated_at = now_ts, expires_at = now_ts + t.ttl
                  WHERE t.id = (SELECT s.id FROM idem_records AS s
-                                WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
-                                  AND (action <> 'reuse' OR s.expires_at <= now_ts)
-                                  AND (r.state <> 'processing' OR s.locked_until <= now_ts)
-                                  FOR UPDATE SKIP LOCKED)
-                RETURNING t.recovery_point INTO rp;
+                                WHERE s.id = r.id AND s.attempt = r.attempt AND s.state = 'processing'
+                                  AND s.locked_until <= now_ts
+                                  FOR UPDATE SKIP LOCKED);
+                IF FOUND THEN
+                    PERFORM idem__outcome_written();
+                    r.state := 'unknown';
+                    RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
+                END IF;
+            ELSE
+                -- a new command on an expired record, a takeover or a new attempt
+                IF action <> 'reuse' AND r.attempt = 2147483647 THEN
+                    RAISE EXCEPTION 'the idempotency record has reached the largest attempt number'
+                        USING ERRCODE = 'program_limit_exceeded',
+                              DETAIL = pg_catalog.format('Attempt %s was its last; no further attempt can start.', r.attempt),
+                              HINT = 'The owner of idem_records can delete the record to start the command over.';
+                END IF;
+                attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
+                IF action = 'reuse' AND idem_setting_enum('idempotency.cleanup_action', 'delete', ARRAY['delete', 'archive']) = 'archive' THEN
+                    WITH target AS (
+                        SELECT s.* FROM idem_records AS s
+                         WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
+                           AND s.expires_at <= now_ts
+                           AND (r.state <> 'processing' OR s.locked_until <= now_ts)
+                           FOR UPDATE SKIP LOCKED),
+                    archived AS (
+                        INSERT INTO idem_records_archive
+                               (id, role, tenant, caller, operation, key, fingerprint, state, attempt,
+                                attempt_token, recovery_point, locked_until, on_lease_expiry, ttl,
+                                response_status, response_headers, response_body, resource_id,
+                                created_at, claimed_at, updated_at, completed_at, expires_at,
+                                response_raw_body, response_sealed, former_role, archived_at)
+                        SELECT o.id, o.role, o.tenant, o.caller, o.operation, o.key, o.fingerprint,
+                               o.state, o.attempt, o.attempt_token, o.recovery_point, o.locked_until,
+                               o.on_lease_expiry, o.ttl, o.response_status, o.response_headers,
+                               o.response_body, o.resource_id, o.created_at, o.claimed_at,
+                               o.updated_at, o.completed_at, o.expires_at, o.response_raw_body,
+                               o.response_sealed, o.former_role, pg_catalog.clock_timestamp()
+                          FROM target AS o
+                         WHERE NOT EXISTS (SELECT FROM idem_records_archive AS x
+                                            WHERE x.id = o.id AND x.claimed_at = o.claimed_at))
+                    UPDATE idem_records AS t
+                       SET fingerprint = p_fingerprint,
+                           state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
+                           attempt = 1, attempt_token = secret, recovery_point = NULL,
+                           locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                           on_lease_expiry = p_policy, ttl = p_ttl,
+                           response_status = NULL, response_headers = NULL, response_body = NULL,
+                           resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
+                           claimed_at = now_ts, updated_at = now_ts,
+                           completed_at = CASE WHEN p_inbox THEN now_ts END,
+                           expires_at = now_ts + p_ttl
+                     WHERE t.id = (SELECT target.id FROM target)
+                    RETURNING t.recovery_point INTO rp;
+                ELSE
+                    UPDATE idem_records AS t
+                       SET fingerprint = p_fingerprint,
+                           state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
+                           attempt = attempt_no, attempt_token = secret,
+                           recovery_point = CASE WHEN action = 'reuse' THEN NULL ELSE t.recovery_point END,
+                           locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                           on_lease_expiry = p_policy, ttl = p_ttl,
+                           response_status = NULL, response_headers = NULL, response_body = NULL,
+                           resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
+                           claimed_at = now_ts, updated_at = now_ts,
+                           completed_at = CASE WHEN p_inbox THEN now_ts END,
+                           expires_at = now_ts + p_ttl
+                     WHERE t.id = (SELECT s.id FROM idem_records AS s
+                                    WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
+                                      AND (action <> 'reuse' OR s.expires_at <= now_ts)
+                                      AND (r.state <> 'processing' OR s.locked_until <= now_ts)
+                                      FOR UPDATE SKIP LOCKED)
+                    RETURNING t.recovery_point INTO rp;
+                END IF;
+                IF FOUND THEN
+                    PERFORM idem__outcome_written();
+                    RETURN ROW('proceed',
+                               CASE WHEN NOT p_inbox
+                                    THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
+                               r.id, 'processing', attempt_no, rp, NULL, NULL, NULL, NULL, NULL, NULL,
+                               NULL)::idem_decision;
+                END IF;
             END IF;
-            IF FOUND THEN
-                PERFORM idem__outcome_written();
-                RETURN ROW('proceed',
-                           CASE WHEN NOT p_inbox
-                                THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
-                           r.id, 'processing', attempt_no, rp, NULL, NULL, NULL, NULL, NULL, NULL,
-                           NULL)::idem_decision;
-            END IF;
-        END IF;
+        EXCEPTION
+            WHEN integrity_constraint_violation THEN
+                GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                    e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                    e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+                PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                     e_table, e_column, e_schema);
+        END;
 
         -- The record changed since it was read, or another transaction is
         -- writing it (a completion racing this takeover, say).  With time
@@ -1603,48 +1575,29 @@ BEGIN
 END
 $$;
 
--- Whether a reuse copies the record to idem_records_archive first
--- (idempotency.cleanup_action = 'archive').
-CREATE FUNCTION idem__cleanup_archives()
-RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v text := pg_catalog.current_setting('idempotency.cleanup_action', true);
-BEGIN
-    IF v IS NULL OR v = '' OR v = 'delete' THEN
-        RETURN false;
-    ELSIF v = 'archive' THEN
-        RETURN true;
-    END IF;
-    RAISE EXCEPTION 'invalid value for parameter "idempotency.cleanup_action": "%"', v
-        USING ERRCODE = 'invalid_parameter_value',
-              HINT = 'Available values: delete, archive.';
-END
-$$;
-
 -- The options every claim takes after its scope, checked as the C
 -- edition checks them and in its order: ttl, lease, wait as microseconds
 -- (NULL: the settings'), on_lease_expiry, on_expired.
-CREATE FUNCTION idem__claim_options(ttl interval, lease interval, wait interval,
+CREATE OR REPLACE FUNCTION idem__claim_options(ttl interval, lease interval, wait interval,
                                     on_lease_expiry text, on_expired text,
                                     OUT ttl_value interval, OUT lease_us bigint, OUT wait_us bigint,
                                     OUT policy idem_lease_policy, OUT proceed_expired boolean)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF ttl IS NULL THEN
-        ttl_value := idem__setting('idempotency.default_ttl', 86400, 's', 1, 2147483647)
+        ttl_value := idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                      * interval '1 second';
     ELSE
         ttl_value := ttl;
     END IF;
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     IF lease IS NULL THEN
-        lease_us := idem__setting('idempotency.default_lease', 30000, 'ms', 1, 2147483647) * 1000;
+        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
     IF wait IS NULL THEN
-        wait_us := idem__setting('idempotency.claim_wait', 0, 'ms', 0, 2147483647) * 1000;
+        wait_us := idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000;
     ELSE
         wait_us := idem__interval_usecs(wait, 'wait', true);
     END IF;
@@ -1655,7 +1608,7 @@ $$;
 
 -- The scope of a call: operation, key and tenant given, checked in the C
 -- edition's order; the key is checked inline when it plainly passes.
-CREATE FUNCTION idem__check_scope(operation text, key text, tenant text)
+CREATE OR REPLACE FUNCTION idem__check_scope(operation text, key text, tenant text)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -1686,7 +1639,7 @@ END
 $$;
 
 -- idem_claim's body, as the owner of idem_records.
-CREATE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
+CREATE OR REPLACE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
                             caller text, ttl interval, lease interval, wait interval,
                             on_lease_expiry text, on_expired text)
 RETURNS idem_decision
@@ -1712,7 +1665,7 @@ $$;
 
 -- idem_claim_text's body: the request's text read as jsonb reads it (its
 -- errors first, as idem_claim's cast), every option at its default.
-CREATE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
+CREATE OR REPLACE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
 RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -1730,7 +1683,7 @@ $$;
 
 -- The items of idem_claim_many: a one-dimensional array without NULLs (a
 -- NULL array is refused like a NULL key); returns how many.
-CREATE FUNCTION idem__check_items(items anyarray, name text)
+CREATE OR REPLACE FUNCTION idem__check_items(items anyarray, name text)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -1753,7 +1706,7 @@ $$;
 -- idem_claim_many's body: every key and request checked before the first
 -- claim; one claim per item in input order; wait bounds the whole call; a
 -- key repeated within the call is claimed again without waiting.
-CREATE FUNCTION idem__claim_many(p_role regrole, operation text, keys text[], requests jsonb[],
+CREATE OR REPLACE FUNCTION idem__claim_many(p_role regrole, operation text, keys text[], requests jsonb[],
                                  tenant text, caller text, ttl interval, lease interval,
                                  wait interval, on_lease_expiry text, on_expired text)
 RETURNS TABLE (key text, outcome text, token text, record_id bigint, state idem_state,
@@ -1822,7 +1775,7 @@ $$;
 
 -- idem_inbox's body: a consumer's message id recorded succeeded at once, in
 -- the consumer's transaction.
-CREATE FUNCTION idem__inbox(p_role regrole, consumer text, message_id text, message jsonb,
+CREATE OR REPLACE FUNCTION idem__inbox(p_role regrole, consumer text, message_id text, message jsonb,
                             ttl interval)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -1841,11 +1794,11 @@ BEGIN
     PERFORM idem__check_name(consumer, 'consumer', false);
     PERFORM idem__check_key(message_id);
     fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem_fingerprint(message) END;
-    ttl_value := coalesce(ttl, idem__setting('idempotency.default_ttl', 86400, 's', 1, 2147483647)
+    ttl_value := coalesce(ttl, idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                                * interval '1 second');
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     d := idem__claim_key(p_role, consumer, message_id, '', '', fingerprint, ttl_value, 0,
-                         idem__setting('idempotency.claim_wait', 0, 'ms', 0, 2147483647) * 1000,
+                         idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000,
                          'unknown', false, true);
     IF d.outcome = 'expired' THEN
         -- a tombstone keeps the fingerprint: a different message is a mismatch
@@ -1865,7 +1818,7 @@ $$;
 -- idem_replay's body: what a claim would answer, without a request and
 -- without writing; a tombstone shows as expired; no row when there is no
 -- record or it is past the tombstone window.
-CREATE FUNCTION idem__replay(p_role regrole, operation text, key text, tenant text, caller text)
+CREATE OR REPLACE FUNCTION idem__replay(p_role regrole, operation text, key text, tenant text, caller text)
 RETURNS SETOF idem_decision
 LANGUAGE plpgsql STABLE SECURITY DEFINER ROWS 1 AS $$
 DECLARE
@@ -1883,9 +1836,9 @@ BEGIN
         RETURN;
     END IF;
     IF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
-        IF now_ts < r.expires_at + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
+        IF now_ts < r.expires_at + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                                    * interval '1 second' THEN
-            RETURN NEXT idem__answer('expired', r, now_ts);
+            RETURN NEXT idem__answer('expired', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;
         RETURN;
     END IF;
@@ -1895,7 +1848,9 @@ BEGIN
                                   WHEN r.locked_until > now_ts THEN 'in_progress'
                                   WHEN r.on_lease_expiry = 'retry' THEN 'proceed'
                                   ELSE 'unknown' END,
-                             r, now_ts);
+                             r.id, r.state, r.attempt, r.recovery_point, r.response_status,
+                             r.response_headers, r.response_body, r.resource_id,
+                             r.response_raw_body, r.locked_until, now_ts);
 END
 $$;
 
@@ -1904,7 +1859,7 @@ $$;
 -- are inlined into the calling statement (LANGUAGE sql, one expression, no
 -- SET clause), so the wrapper costs nothing.
 --
-CREATE FUNCTION idem_claim(
+CREATE OR REPLACE FUNCTION idem_claim(
     operation       text,
     key             text,
     request         jsonb DEFAULT NULL,
@@ -1923,7 +1878,7 @@ RETURN idem__claim(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), 
 COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
     'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown or expired';
 
-CREATE FUNCTION idem_claim_text(
+CREATE OR REPLACE FUNCTION idem_claim_text(
     operation text,
     key       text,
     request   text,
@@ -1936,7 +1891,7 @@ RETURN idem__claim_text(pg_catalog.to_regrole(pg_catalog.quote_ident(current_use
 COMMENT ON FUNCTION idem_claim_text(text, text, text, text) IS
     'Claim an idempotency key with a request given as JSON text and the default options: idem_claim''s answer';
 
-CREATE FUNCTION idem_claim_many(
+CREATE OR REPLACE FUNCTION idem_claim_many(
     operation       text,
     keys            text[],
     requests        jsonb[] DEFAULT NULL,
@@ -1972,7 +1927,7 @@ END;
 COMMENT ON FUNCTION idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text) IS
     'Claim many idempotency keys at once: one decision per key, in input order';
 
-CREATE FUNCTION idem_inbox(
+CREATE OR REPLACE FUNCTION idem_inbox(
     consumer   text,
     message_id text,
     message    jsonb DEFAULT NULL,
@@ -1985,7 +1940,7 @@ RETURN idem__inbox(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), 
 COMMENT ON FUNCTION idem_inbox(text, text, jsonb, interval) IS
     'Record a consumed message id: proceed, duplicate, in_progress or mismatch';
 
-CREATE FUNCTION idem_replay(
+CREATE OR REPLACE FUNCTION idem_replay(
     operation text,
     key       text,
     tenant    text DEFAULT '',
@@ -1996,14 +1951,6 @@ BEGIN ATOMIC
     SELECT * FROM idem__replay(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                                operation, key, tenant, caller);
 END;
-
-REVOKE ALL ON FUNCTION
-    idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text),
-    idem_claim_text(text, text, text, text),
-    idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text),
-    idem_inbox(text, text, jsonb, interval),
-    idem_replay(text, text, text, text)
-    FROM PUBLIC;
 
 -- Only the definer functions run these, as the owner of idem_records.
 REVOKE ALL ON FUNCTION
@@ -2029,7 +1976,7 @@ REVOKE ALL ON FUNCTION
 --
 
 -- Explain why a token no longer names the record's running attempt.
-CREATE FUNCTION idem__stale_token(p_role regrole, p_record_id bigint, p_attempt integer)
+CREATE OR REPLACE FUNCTION idem__stale_token(p_role regrole, p_record_id bigint, p_attempt integer)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2066,7 +2013,7 @@ $$;
 
 -- Store the outcome of the attempt a token names: succeeded (complete),
 -- failed or retryable (fail).
-CREATE FUNCTION idem__finish(p_role regrole, via text, token text,
+CREATE OR REPLACE FUNCTION idem__finish(p_role regrole, via text, token text,
                              new_state idem_state, http_status integer, body jsonb,
                              headers jsonb, resource_id text, raw_body bytea)
 RETURNS void
@@ -2074,6 +2021,13 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     tok record;
     now_ts timestamptz;
+    done boolean;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     IF via = 'idem_complete' THEN
         PERFORM idem__acting_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)');
@@ -2101,16 +2055,25 @@ BEGIN
      WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
     IF FOUND THEN
         now_ts := pg_catalog.clock_timestamp();
-        UPDATE idem_records AS t
-           SET state = new_state, response_status = http_status,
-               response_headers = headers, response_body = body,
-               response_raw_body = raw_body, response_sealed = NULL,
-               resource_id = idem__finish.resource_id,
-               attempt_token = NULL, locked_until = NULL,
-               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
-         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
-           AND t.state = 'processing' AND t.attempt = tok.attempt;
-        IF FOUND THEN
+        BEGIN
+            UPDATE idem_records AS t
+               SET state = new_state, response_status = http_status,
+                   response_headers = headers, response_body = body,
+                   response_raw_body = raw_body, response_sealed = NULL,
+                   resource_id = idem__finish.resource_id,
+                   attempt_token = NULL, locked_until = NULL,
+                   completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+             WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+               AND t.state = 'processing' AND t.attempt = tok.attempt;
+            done := FOUND;
+        EXCEPTION WHEN integrity_constraint_violation THEN
+            GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+            PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                 e_table, e_column, e_schema);
+        END;
+        IF done THEN
             PERFORM idem__outcome_written();
             RETURN;
         END IF;
@@ -2120,7 +2083,7 @@ END
 $$;
 
 -- Set the lease end or the recovery point of the attempt a token names.
-CREATE FUNCTION idem__token_write(p_role regrole, tok record, new_locked_until timestamptz,
+CREATE OR REPLACE FUNCTION idem__token_write(p_role regrole, tok record, new_locked_until timestamptz,
                                   new_recovery_point text)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -2142,7 +2105,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION idem__heartbeat(p_role regrole, token text, lease interval)
+CREATE OR REPLACE FUNCTION idem__heartbeat(p_role regrole, token text, lease interval)
 RETURNS timestamptz
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -2153,7 +2116,7 @@ BEGIN
     PERFORM idem__acting_role(p_role, 'idem_heartbeat(text, interval)');
     tok := idem__token_parse(token);
     IF lease IS NULL THEN
-        lease_us := idem__setting('idempotency.default_lease', 30000, 'ms', 1, 2147483647) * 1000;
+        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
@@ -2164,7 +2127,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION idem__checkpoint(p_role regrole, token text, recovery_point text)
+CREATE OR REPLACE FUNCTION idem__checkpoint(p_role regrole, token text, recovery_point text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -2177,7 +2140,7 @@ BEGIN
         RAISE EXCEPTION 'recovery_point must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF pg_catalog.octet_length(recovery_point) > 1024 THEN
-        max_size := idem__setting('idempotency.max_response_size', 1048576, 'B', 1024, 536870911);
+        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF pg_catalog.octet_length(recovery_point) > max_size THEN
             RAISE EXCEPTION 'recovery_point is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -2192,7 +2155,7 @@ $$;
 
 -- Settle an unknown record as succeeded, failed or retryable: the calling
 -- role's own, or any role's for the owner of idem_records and superusers.
-CREATE FUNCTION idem__resolve(p_role regrole, record_id bigint, state text, http_status integer,
+CREATE OR REPLACE FUNCTION idem__resolve(p_role regrole, record_id bigint, state text, http_status integer,
                               body jsonb, headers jsonb, raw_body bytea)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -2201,6 +2164,13 @@ DECLARE
     any_role boolean;
     now_ts timestamptz;
     found_state idem_state;
+    done boolean;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     PERFORM idem__acting_role(p_role, 'idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)');
     IF record_id IS NULL THEN
@@ -2219,14 +2189,23 @@ BEGIN
     PERFORM idem__require_writable('resolve an idempotency record');
     any_role := idem__is_operator(p_role);
     now_ts := pg_catalog.clock_timestamp();
-    UPDATE idem_records AS t
-       SET state = new_state, response_status = http_status,
-           response_headers = headers, response_body = body,
-           response_raw_body = raw_body, response_sealed = NULL,
-           completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
-     WHERE t.id = idem__resolve.record_id AND t.state = 'unknown'
-       AND (t.role = p_role OR any_role);
-    IF FOUND THEN
+    BEGIN
+        UPDATE idem_records AS t
+           SET state = new_state, response_status = http_status,
+               response_headers = headers, response_body = body,
+               response_raw_body = raw_body, response_sealed = NULL,
+               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+         WHERE t.id = idem__resolve.record_id AND t.state = 'unknown'
+           AND (t.role = p_role OR any_role);
+        done := FOUND;
+    EXCEPTION WHEN integrity_constraint_violation THEN
+        GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+            e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+            e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+        PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                             e_table, e_column, e_schema);
+    END;
+    IF done THEN
         PERFORM idem__outcome_written();
         RETURN;
     END IF;
@@ -2245,7 +2224,7 @@ $$;
 --
 -- The public functions, inlined into the calling statement.
 --
-CREATE FUNCTION idem_complete(
+CREATE OR REPLACE FUNCTION idem_complete(
     token       text,
     http_status integer,
     body        jsonb DEFAULT NULL,
@@ -2258,7 +2237,7 @@ RETURN idem__finish(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                     'idem_complete', token,
                     'succeeded', http_status, body, headers, resource_id, raw_body);
 
-CREATE FUNCTION idem_fail(
+CREATE OR REPLACE FUNCTION idem_fail(
     token       text,
     http_status integer,
     body        jsonb DEFAULT NULL,
@@ -2272,14 +2251,14 @@ RETURN idem__finish(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                     CASE WHEN retryable THEN 'retryable' WHEN NOT retryable THEN 'failed' END::idem_state,
                     http_status, body, headers, NULL, raw_body);
 
-CREATE FUNCTION idem_heartbeat(
+CREATE OR REPLACE FUNCTION idem_heartbeat(
     token text,
     lease interval DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__heartbeat(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), token, lease);
 
-CREATE FUNCTION idem_checkpoint(
+CREATE OR REPLACE FUNCTION idem_checkpoint(
     token          text,
     recovery_point text)
 RETURNS void
@@ -2287,7 +2266,7 @@ LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__checkpoint(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), token,
                         recovery_point);
 
-CREATE FUNCTION idem_resolve(
+CREATE OR REPLACE FUNCTION idem_resolve(
     record_id   bigint,
     state       text,
     http_status integer,
@@ -2298,14 +2277,6 @@ RETURNS void
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__resolve(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), record_id,
                      state, http_status, body, headers, raw_body);
-
-REVOKE ALL ON FUNCTION
-    idem_complete(text, integer, jsonb, jsonb, text, bytea),
-    idem_fail(text, integer, jsonb, jsonb, boolean, bytea),
-    idem_heartbeat(text, interval),
-    idem_checkpoint(text, text),
-    idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)
-    FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION
     idem__stale_token(regrole, bigint, integer),
@@ -2938,7 +2909,7 @@ BEGIN
         END IF;
         days := (extract(year FROM $4)::bigint * 12 + extract(month FROM $4)::bigint) * 30
                 + extract(day FROM $4)::bigint;
-        IF days > 365250 OR days * 86400 + extract(epoch FROM $4 - date_trunc('day', $4)) > 365250 * 86400 THEN
+        IF days > 365250 OR days * 86400 + extract(epoch FROM $4 - date_trunc('day', $4)) > 365250::bigint * 86400 THEN
             RAISE EXCEPTION 'older_than is out of range'
                 USING ERRCODE = '22023',
                       DETAIL = format('The value given is %s; the longest accepted is 365250 days.', $4);
@@ -3050,7 +3021,23 @@ DECLARE
         'idem_maintenance'];
     -- SQL functions kept inlinable: a SET clause would stop the planner
     -- from inlining them, so their bodies name the schema themselves
-    inlined constant text[] := ARRAY[]::text[];
+    inlined constant text[] := ARRAY[
+        'idem_claim(text,text,jsonb,text,text,interval,interval,interval,text,text)',
+        'idem_claim_text(text,text,text,text)',
+        'idem_inbox(text,text,jsonb,interval)',
+        'idem_replay(text,text,text,text)',
+        'idem_complete(text,integer,jsonb,jsonb,text,bytea)',
+        'idem_fail(text,integer,jsonb,jsonb,boolean,bytea)',
+        'idem_heartbeat(text,interval)',
+        'idem_checkpoint(text,text)',
+        'idem_resolve(bigint,text,integer,jsonb,jsonb,bytea)',
+        'idem__no_request()',
+        'idem__new_secret()',
+        'idem__token_format(bigint,integer,bytea)',
+        'idem__max_key_length()',
+        'idem__is_operator(regrole)',
+        'idem__answer_busy()',
+        'idem__answer(text,bigint,idem_state,integer,text,integer,jsonb,jsonb,text,bytea,timestamp with time zone,timestamp with time zone)'];
     f record;
 BEGIN
     -- A function made by this run has the default privileges (PUBLIC may

@@ -21,7 +21,7 @@
 -- when an expired record is reused.  Keeping a finished or unknown state is
 -- not a transition (an operator extending expires_at).
 --
-CREATE FUNCTION idem_records_guard() RETURNS trigger
+CREATE OR REPLACE FUNCTION idem_records_guard() RETURNS trigger
 LANGUAGE plpgsql AS $guard$
 DECLARE
     from_state idem_state;
@@ -138,8 +138,6 @@ BEGIN
 END
 $guard$;
 
-REVOKE ALL ON FUNCTION idem_records_guard() FROM PUBLIC;
-
-CREATE TRIGGER idem_records_guard
+CREATE OR REPLACE TRIGGER idem_records_guard
     BEFORE INSERT OR UPDATE ON idem_records
     FOR EACH ROW EXECUTE FUNCTION idem_records_guard();

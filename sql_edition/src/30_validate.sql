@@ -4,93 +4,22 @@
 -- message (src/validate.c), so a bad call changes nothing.
 --
 -- The claim functions test the common case inline (a key of printable
--- ASCII within the limit, a setting left at its default) and call these
--- only to find the exact error, or to read a setting that is set.
+-- ASCII within the limit) and call these only to find the exact error.
+-- Settings are read by 12_settings.sql's readers.
 --
 
--- A setting of the C edition, read as its integer in the unit the C
--- edition declares it in (s, ms, B or none), rounded as PostgreSQL rounds
--- a setting given in another unit.  Without the library the setting is a
--- placeholder that anyone may set to anything: a value that does not parse
--- or is out of range is refused here, at the call (22023), where the C
--- edition refuses it at SET.
-CREATE FUNCTION idem__setting(setting text, default_value bigint, unit text,
-                              min_value bigint, max_value bigint)
-RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v text := pg_catalog.current_setting(setting, true);
-    m text[];
-    n numeric;
-    factor numeric;
-BEGIN
-    IF v IS NULL OR v = '' THEN
-        RETURN default_value;
-    END IF;
-    m := pg_catalog.regexp_match(v, '^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$');
-    IF m IS NOT NULL THEN
-        n := m[1]::numeric;
-        IF m[2] = '' THEN
-            factor := 1;
-        ELSIF unit IN ('s', 'ms') THEN
-            factor := CASE m[2] WHEN 'us' THEN 0.001 WHEN 'ms' THEN 1 WHEN 's' THEN 1000
-                                WHEN 'min' THEN 60000 WHEN 'h' THEN 3600000
-                                WHEN 'd' THEN 86400000 END
-                      / CASE unit WHEN 's' THEN 1000 ELSE 1 END;
-        ELSIF unit = 'B' THEN
-            factor := CASE m[2] WHEN 'B' THEN 1 WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
-                                WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776 END;
-        END IF;
-        IF factor IS NOT NULL THEN
-            n := pg_catalog.round(n * factor);
-            IF n BETWEEN min_value AND max_value THEN
-                RETURN n::bigint;
-            END IF;
-            RAISE EXCEPTION '% is outside the valid range for parameter "%" (% .. %)',
-                            v, setting, min_value, max_value
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END IF;
-    RAISE EXCEPTION 'invalid value for parameter "%": "%"', setting, v
-        USING ERRCODE = 'invalid_parameter_value',
-              HINT = CASE WHEN unit IN ('s', 'ms')
-                          THEN 'Valid units for this parameter are "us", "ms", "s", "min", "h", and "d".'
-                          WHEN unit = 'B'
-                          THEN 'Valid units for this parameter are "B", "kB", "MB", "GB", and "TB".' END;
-END
-$$;
-
--- A boolean setting (idempotency.synchronous_outcomes).
-CREATE FUNCTION idem__setting_bool(setting text, default_value boolean)
-RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v text := pg_catalog.lower(pg_catalog.btrim(pg_catalog.current_setting(setting, true)));
-BEGIN
-    IF v IS NULL OR v = '' THEN
-        RETURN default_value;
-    ELSIF v IN ('on', 'true', 'yes', '1', 't', 'y') THEN
-        RETURN true;
-    ELSIF v IN ('off', 'false', 'no', '0', 'f', 'n') THEN
-        RETURN false;
-    END IF;
-    RAISE EXCEPTION 'parameter "%" requires a Boolean value', setting
-        USING ERRCODE = 'invalid_parameter_value';
-END
-$$;
-
 -- idempotency.max_key_length (1 to 8192, 255 by default).
-CREATE FUNCTION idem__max_key_length()
+CREATE OR REPLACE FUNCTION idem__max_key_length()
 RETURNS integer
 LANGUAGE sql STABLE
 RETURN CASE WHEN pg_catalog.current_setting('idempotency.max_key_length', true) IS NULL
               OR pg_catalog.current_setting('idempotency.max_key_length', true) = ''
             THEN 255
-            ELSE idem__setting('idempotency.max_key_length', 255, '', 1, 8192)::integer END;
+            ELSE idem_setting_integer('idempotency.max_key_length', 255, 1, 8192) END;
 
 -- The first byte of a value that a pattern refuses: its position and hex
 -- value, for a message.
-CREATE FUNCTION idem__bad_byte(value text, allowed text, OUT pos integer, OUT hex text)
+CREATE OR REPLACE FUNCTION idem__bad_byte(value text, allowed text, OUT pos integer, OUT hex text)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     bytes bytea := pg_catalog.convert_to(value, pg_catalog.getdatabaseencoding());
@@ -111,7 +40,7 @@ $$;
 
 -- An idempotency key: 1 to idempotency.max_key_length bytes of printable
 -- ASCII, as HTTP header values carry them.
-CREATE FUNCTION idem__check_key(key text)
+CREATE OR REPLACE FUNCTION idem__check_key(key text)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -142,7 +71,7 @@ $$;
 
 -- An operation, tenant, caller or consumer name: at most
 -- idempotency.max_key_length bytes, no control characters.
-CREATE FUNCTION idem__check_name(value text, what text, allow_empty boolean)
+CREATE OR REPLACE FUNCTION idem__check_name(value text, what text, allow_empty boolean)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -176,7 +105,7 @@ $$;
 -- (timestamptz + interval), where a mixed interval such as
 -- '1 mon -30 days' would end before it starts on some dates.  Positive
 -- (or zero where allowed) and at most 365,250 days.
-CREATE FUNCTION idem__interval_usecs(value interval, what text, allow_zero boolean)
+CREATE OR REPLACE FUNCTION idem__interval_usecs(value interval, what text, allow_zero boolean)
 RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -210,7 +139,7 @@ END
 $$;
 
 -- An HTTP status code: 100 to 599.
-CREATE FUNCTION idem__check_http_status(status integer)
+CREATE OR REPLACE FUNCTION idem__check_http_status(status integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -226,7 +155,7 @@ END
 $$;
 
 -- A header name: an HTTP token (RFC 9110), not a hop-by-hop header.
-CREATE FUNCTION idem__check_header_name(name text)
+CREATE OR REPLACE FUNCTION idem__check_header_name(name text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -259,7 +188,7 @@ END
 $$;
 
 -- A header value: no control characters but tab.
-CREATE FUNCTION idem__check_header_value(name text, value text)
+CREATE OR REPLACE FUNCTION idem__check_header_value(name text, value text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -279,7 +208,7 @@ $$;
 -- JSON array of [name, value] pairs of strings, kept in order and with
 -- repeats.  Names must be HTTP tokens and values free of control
 -- characters other than tab, so that a replay can never split a response.
-CREATE FUNCTION idem__check_headers(headers jsonb)
+CREATE OR REPLACE FUNCTION idem__check_headers(headers jsonb)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -341,7 +270,7 @@ $$;
 
 -- A user-supplied string shortened for a message: at most maxlen bytes,
 -- cut at a character boundary, with "..." when it was longer.
-CREATE FUNCTION idem__clip(value text, maxlen integer)
+CREATE OR REPLACE FUNCTION idem__clip(value text, maxlen integer)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -359,7 +288,7 @@ END
 $$;
 
 -- on_lease_expiry: 'unknown' or 'retry'.
-CREATE FUNCTION idem__parse_policy(policy text)
+CREATE OR REPLACE FUNCTION idem__parse_policy(policy text)
 RETURNS idem_lease_policy
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -378,7 +307,7 @@ $$;
 
 -- on_expired: true for 'proceed' (a new command over an expired record),
 -- false for 'reject' (answer expired).
-CREATE FUNCTION idem__parse_on_expired(value text)
+CREATE OR REPLACE FUNCTION idem__parse_on_expired(value text)
 RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -400,7 +329,7 @@ $$;
 -- body, raw body, headers and resource id together within
 -- idempotency.max_response_size bytes.  jsonb values count their stored
 -- size, as in the C edition.
-CREATE FUNCTION idem__check_response(http_status integer, body jsonb, headers jsonb,
+CREATE OR REPLACE FUNCTION idem__check_response(http_status integer, body jsonb, headers jsonb,
                                      resource_id text, raw_body bytea)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
@@ -419,7 +348,7 @@ BEGIN
             + coalesce(pg_catalog.octet_length(resource_id), 0)
             + coalesce(pg_catalog.octet_length(raw_body), 0);
     IF size > 1024 THEN
-        max_size := idem__setting('idempotency.max_response_size', 1048576, 'B', 1024, 536870911);
+        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF size > max_size THEN
             RAISE EXCEPTION 'response is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -436,7 +365,7 @@ $$;
 
 -- Raise a clear error when the transaction cannot write: on a standby or in
 -- a read-only transaction.
-CREATE FUNCTION idem__require_writable(what text)
+CREATE OR REPLACE FUNCTION idem__require_writable(what text)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -459,13 +388,31 @@ $$;
 -- idempotency.synchronous_outcomes (on by default): an asynchronous commit
 -- is visible before it is on disk, and a crash would take back an answer
 -- already acted on.  Only synchronous_commit = off needs raising.
-CREATE FUNCTION idem__outcome_written()
+CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF pg_catalog.current_setting('synchronous_commit') = 'off'
-       AND idem__setting_bool('idempotency.synchronous_outcomes', true) THEN
+       AND idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
+END
+$$;
+
+-- Raise again a constraint error (SQLSTATE class 23) that a write of a
+-- record raised, with its message but not PostgreSQL's DETAIL, which would
+-- show the row's values (the key, the scope, the attempt token's secret)
+-- to the client and in the server log.
+CREATE OR REPLACE FUNCTION idem__reraise_without_values(state text, message text, constraint_name text,
+                                             table_name text, column_name text,
+                                             schema_name text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '%', message
+        USING ERRCODE = state,
+              DETAIL = 'The values of the idempotency record are not shown.',
+              CONSTRAINT = coalesce(constraint_name, ''), TABLE = coalesce(table_name, ''),
+              COLUMN = coalesce(column_name, ''), SCHEMA = coalesce(schema_name, '');
 END
 $$;

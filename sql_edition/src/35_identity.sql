@@ -19,7 +19,7 @@
 
 -- The role a call acts for, checked: session_user may become it, and it may
 -- execute the public function the call came through.
-CREATE FUNCTION idem__acting_role(role regrole, via regprocedure)
+CREATE OR REPLACE FUNCTION idem__acting_role(role regrole, via regprocedure)
 RETURNS regrole
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -43,7 +43,7 @@ $$;
 -- The caller a scope stores: the empty string for the role itself (a NULL
 -- caller), which no call can name; a caller that names the calling role is
 -- refused, since after a rename the same text would name another caller.
-CREATE FUNCTION idem__scope_caller(role regrole, caller text)
+CREATE OR REPLACE FUNCTION idem__scope_caller(role regrole, caller text)
 RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -63,7 +63,7 @@ $$;
 
 -- Whether a role may act on every role's records: the owner of
 -- idem_records, a role with its privileges, or a superuser.
-CREATE FUNCTION idem__is_operator(role regrole)
+CREATE OR REPLACE FUNCTION idem__is_operator(role regrole)
 RETURNS boolean
 LANGUAGE sql STABLE
 RETURN pg_catalog.pg_has_role(role,

@@ -9,20 +9,20 @@
 --
 
 -- A new secret: the 16 bytes of a random UUID (122 random bits).
-CREATE FUNCTION idem__new_secret()
+CREATE OR REPLACE FUNCTION idem__new_secret()
 RETURNS bytea
 LANGUAGE sql VOLATILE
 RETURN pg_catalog.uuid_send(pg_catalog.gen_random_uuid());
 
 -- The text form of a token.
-CREATE FUNCTION idem__token_format(record_id bigint, attempt integer, secret bytea)
+CREATE OR REPLACE FUNCTION idem__token_format(record_id bigint, attempt integer, secret bytea)
 RETURNS text
 LANGUAGE sql IMMUTABLE
 RETURN record_id::text || '.' || attempt::text || '.' || pg_catalog.encode(secret, 'hex');
 
 -- Parse a token, raising when it is not exactly the form written: no
 -- blanks, signs or leading zeros, lower-case hex digits.
-CREATE FUNCTION idem__token_parse(token text, OUT record_id bigint, OUT attempt integer,
+CREATE OR REPLACE FUNCTION idem__token_parse(token text, OUT record_id bigint, OUT attempt integer,
                                   OUT secret bytea)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE

@@ -19,7 +19,7 @@
 -- Answers that need no write (replay, mismatch, in_progress, unknown,
 -- expired) are one read: no lock, no subtransaction, no WAL.
 --
--- A new key is inserted with INSERT ... ON CONFLICT DO NOTHING: never a
+-- A new key is inserted with INSERT ... ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING: never a
 -- 23505, and never two proceeds, since the unique index decides.  An
 -- insert that meets another transaction's uncommitted insert of the same
 -- key waits for it in the lock manager; lock_timeout, set for the insert
@@ -44,37 +44,42 @@
 
 -- SHA-256 of the empty string: the fingerprint of a claim without a
 -- request, which no JSON value's canonical form has.
-CREATE FUNCTION idem__no_request()
+CREATE OR REPLACE FUNCTION idem__no_request()
 RETURNS bytea
 LANGUAGE sql IMMUTABLE
 RETURN '\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
--- What a claim answers from a record as it is.
-CREATE FUNCTION idem__answer(outcome text, r idem_records, now_ts timestamptz)
+-- What a claim answers from a record as it is (its columns, not its row
+-- type: a function taking idem_records would keep its owner from adding
+-- columns to the table).
+CREATE OR REPLACE FUNCTION idem__answer(outcome text, id bigint, state idem_state, attempt integer,
+                             recovery_point text, response_status integer,
+                             response_headers jsonb, response_body jsonb, resource_id text,
+                             response_raw_body bytea, locked_until timestamptz,
+                             now_ts timestamptz)
 RETURNS idem_decision
 LANGUAGE sql STABLE
-RETURN ROW(outcome, NULL, r.id, r.state, r.attempt, r.recovery_point,
-           CASE outcome WHEN 'replay' THEN r.response_status
+RETURN ROW(outcome, NULL, id, state, attempt, recovery_point,
+           CASE outcome WHEN 'replay' THEN response_status
                         WHEN 'mismatch' THEN 422
                         WHEN 'proceed' THEN NULL
                         ELSE 409 END,
-           CASE WHEN outcome = 'replay' THEN r.response_headers END,
-           CASE WHEN outcome = 'replay' THEN r.response_body END,
+           CASE WHEN outcome = 'replay' THEN response_headers END,
+           CASE WHEN outcome = 'replay' THEN response_body END,
            CASE outcome WHEN 'in_progress' THEN 'IDEMPOTENCY_REQUEST_IN_PROGRESS'
                         WHEN 'mismatch' THEN 'IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST'
                         WHEN 'unknown' THEN 'IDEMPOTENCY_OUTCOME_UNKNOWN'
                         WHEN 'expired' THEN 'IDEMPOTENCY_KEY_EXPIRED' END,
            CASE WHEN outcome <> 'in_progress' THEN NULL
-                WHEN r.locked_until > now_ts
-                THEN LEAST(pg_catalog.ceil(extract(epoch FROM r.locked_until - now_ts)),
-                                      2147483647)::integer
+                WHEN locked_until > now_ts
+                THEN LEAST(pg_catalog.ceil(extract(epoch FROM locked_until - now_ts)), 2147483647)::integer
                 ELSE 1 END,
-           CASE WHEN outcome = 'replay' THEN r.resource_id END,
-           CASE WHEN outcome = 'replay' THEN r.response_raw_body END)::idem_decision;
+           CASE WHEN outcome = 'replay' THEN resource_id END,
+           CASE WHEN outcome = 'replay' THEN response_raw_body END)::idem_decision;
 
 -- in_progress for a key another transaction is writing right now: its
 -- record is not visible yet.
-CREATE FUNCTION idem__answer_busy()
+CREATE OR REPLACE FUNCTION idem__answer_busy()
 RETURNS idem_decision
 LANGUAGE sql IMMUTABLE
 RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
@@ -84,7 +89,7 @@ RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
 -- what the decision needs, answer.  p_inbox: an idem_inbox message,
 -- recorded succeeded at once without token or lease.  Runs inside the
 -- definer functions, as the owner of idem_records.
-CREATE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_key text, p_tenant text,
+CREATE OR REPLACE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_key text, p_tenant text,
                                 p_caller text, p_fingerprint bytea, p_ttl interval,
                                 p_lease_us bigint, p_wait_us bigint,
                                 p_policy idem_lease_policy, p_proceed_expired boolean,
@@ -108,6 +113,12 @@ DECLARE
     saved_timeout text;
     timeout_ms bigint;
     d idem_decision;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     LOOP
         now_ts := pg_catalog.clock_timestamp();
@@ -126,7 +137,7 @@ BEGIN
         ELSIF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
             IF NOT p_proceed_expired
                AND now_ts < r.expires_at
-                            + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
+                            + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                               * interval '1 second' THEN
                 outcome := 'expired';
                 action := 'none';
@@ -185,7 +196,7 @@ BEGIN
                                       DETAIL = 'The idempotency record changed after this transaction''s snapshot was taken.',
                                       HINT = 'Retry the transaction: it will see the record''s answer.';
                     END;
-                    d := idem__answer('in_progress', r, now_ts);
+                    d := idem__answer('in_progress', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
                     d.retry_after := 1;
                     RETURN d;
                 END IF;
@@ -195,14 +206,14 @@ BEGIN
                 step_ms := LEAST(step_ms * 2, 100);
                 CONTINUE;
             END IF;
-            RETURN idem__answer(outcome, r, now_ts);
+            RETURN idem__answer(outcome, r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;
 
         -- the decision needs a write
         IF pg_catalog.current_setting('transaction_read_only') = 'on' OR pg_catalog.pg_is_in_recovery() THEN
             IF action = 'mark_unknown' THEN
                 r.state := 'unknown';
-                RETURN idem__answer('unknown', r, now_ts);
+                RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
             END IF;
             PERFORM idem__require_writable('claim an idempotency key');
         END IF;
@@ -231,14 +242,21 @@ BEGIN
                         CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
                         p_policy, p_ttl, now_ts, now_ts, now_ts,
                         CASE WHEN p_inbox THEN now_ts END, now_ts + p_ttl)
-                ON CONFLICT DO NOTHING
+                ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING
                 RETURNING t.id, (t.role = p_role AND t.tenant = p_tenant AND t.caller = p_caller
                                  AND t.operation = p_operation AND t.key = p_key)
                      INTO new_id, same_row;
                 PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
-            EXCEPTION WHEN lock_not_available THEN
-                -- another transaction is inserting the key and has not ended
-                RETURN idem__answer_busy();
+            EXCEPTION
+                WHEN lock_not_available THEN
+                    -- another transaction is inserting the key and has not ended
+                    RETURN idem__answer_busy();
+                WHEN integrity_constraint_violation THEN
+                    GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                        e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                        e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+                    PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                         e_table, e_column, e_schema);
             END;
             IF new_id IS NOT NULL THEN
                 IF same_row IS NOT TRUE THEN
@@ -260,92 +278,101 @@ BEGIN
         END IF;
         skipped := false;
 
-        IF action = 'mark_unknown' THEN
-            UPDATE idem_records AS t
-               SET state = 'unknown', updated_at = now_ts, expires_at = now_ts + t.ttl
-             WHERE t.id = (SELECT s.id FROM idem_records AS s
-                            WHERE s.id = r.id AND s.attempt = r.attempt AND s.state = 'processing'
-                              AND s.locked_until <= now_ts
-                              FOR UPDATE SKIP LOCKED);
-            IF FOUND THEN
-                PERFORM idem__outcome_written();
-                r.state := 'unknown';
-                RETURN idem__answer('unknown', r, now_ts);
-            END IF;
-        ELSE
-            -- a new command on an expired record, a takeover or a new attempt
-            IF action <> 'reuse' AND r.attempt = 2147483647 THEN
-                RAISE EXCEPTION 'the idempotency record has reached the largest attempt number'
-                    USING ERRCODE = 'program_limit_exceeded',
-                          DETAIL = pg_catalog.format('Attempt %s was its last; no further attempt can start.', r.attempt),
-                          HINT = 'The owner of idem_records can delete the record to start the command over.';
-            END IF;
-            attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
-            IF action = 'reuse' AND idem__cleanup_archives() THEN
-                WITH target AS (
-                    SELECT s.* FROM idem_records AS s
-                     WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
-                       AND s.expires_at <= now_ts
-                       AND (r.state <> 'processing' OR s.locked_until <= now_ts)
-                       FOR UPDATE SKIP LOCKED),
-                archived AS (
-                    INSERT INTO idem_records_archive
-                           (id, role, tenant, caller, operation, key, fingerprint, state, attempt,
-                            attempt_token, recovery_point, locked_until, on_lease_expiry, ttl,
-                            response_status, response_headers, response_body, resource_id,
-                            created_at, claimed_at, updated_at, completed_at, expires_at,
-                            response_raw_body, response_sealed, former_role, archived_at)
-                    SELECT o.id, o.role, o.tenant, o.caller, o.operation, o.key, o.fingerprint,
-                           o.state, o.attempt, o.attempt_token, o.recovery_point, o.locked_until,
-                           o.on_lease_expiry, o.ttl, o.response_status, o.response_headers,
-                           o.response_body, o.resource_id, o.created_at, o.claimed_at,
-                           o.updated_at, o.completed_at, o.expires_at, o.response_raw_body,
-                           o.response_sealed, o.former_role, pg_catalog.clock_timestamp()
-                      FROM target AS o
-                     WHERE NOT EXISTS (SELECT FROM idem_records_archive AS x
-                                        WHERE x.id = o.id AND x.claimed_at = o.claimed_at))
+        BEGIN
+            IF action = 'mark_unknown' THEN
                 UPDATE idem_records AS t
-                   SET fingerprint = p_fingerprint,
-                       state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
-                       attempt = 1, attempt_token = secret, recovery_point = NULL,
-                       locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
-                       on_lease_expiry = p_policy, ttl = p_ttl,
-                       response_status = NULL, response_headers = NULL, response_body = NULL,
-                       resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
-                       claimed_at = now_ts, updated_at = now_ts,
-                       completed_at = CASE WHEN p_inbox THEN now_ts END,
-                       expires_at = now_ts + p_ttl
-                 WHERE t.id = (SELECT target.id FROM target)
-                RETURNING t.recovery_point INTO rp;
-            ELSE
-                UPDATE idem_records AS t
-                   SET fingerprint = p_fingerprint,
-                       state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
-                       attempt = attempt_no, attempt_token = secret,
-                       recovery_point = CASE WHEN action = 'reuse' THEN NULL ELSE t.recovery_point END,
-                       locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
-                       on_lease_expiry = p_policy, ttl = p_ttl,
-                       response_status = NULL, response_headers = NULL, response_body = NULL,
-                       resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
-                       claimed_at = now_ts, updated_at = now_ts,
-                       completed_at = CASE WHEN p_inbox THEN now_ts END,
-                       expires_at = now_ts + p_ttl
+                   SET state = 'unknown', updated_at = now_ts, expires_at = now_ts + t.ttl
                  WHERE t.id = (SELECT s.id FROM idem_records AS s
-                                WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
-                                  AND (action <> 'reuse' OR s.expires_at <= now_ts)
-                                  AND (r.state <> 'processing' OR s.locked_until <= now_ts)
-                                  FOR UPDATE SKIP LOCKED)
-                RETURNING t.recovery_point INTO rp;
+                                WHERE s.id = r.id AND s.attempt = r.attempt AND s.state = 'processing'
+                                  AND s.locked_until <= now_ts
+                                  FOR UPDATE SKIP LOCKED);
+                IF FOUND THEN
+                    PERFORM idem__outcome_written();
+                    r.state := 'unknown';
+                    RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
+                END IF;
+            ELSE
+                -- a new command on an expired record, a takeover or a new attempt
+                IF action <> 'reuse' AND r.attempt = 2147483647 THEN
+                    RAISE EXCEPTION 'the idempotency record has reached the largest attempt number'
+                        USING ERRCODE = 'program_limit_exceeded',
+                              DETAIL = pg_catalog.format('Attempt %s was its last; no further attempt can start.', r.attempt),
+                              HINT = 'The owner of idem_records can delete the record to start the command over.';
+                END IF;
+                attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
+                IF action = 'reuse' AND idem_setting_enum('idempotency.cleanup_action', 'delete', ARRAY['delete', 'archive']) = 'archive' THEN
+                    WITH target AS (
+                        SELECT s.* FROM idem_records AS s
+                         WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
+                           AND s.expires_at <= now_ts
+                           AND (r.state <> 'processing' OR s.locked_until <= now_ts)
+                           FOR UPDATE SKIP LOCKED),
+                    archived AS (
+                        INSERT INTO idem_records_archive
+                               (id, role, tenant, caller, operation, key, fingerprint, state, attempt,
+                                attempt_token, recovery_point, locked_until, on_lease_expiry, ttl,
+                                response_status, response_headers, response_body, resource_id,
+                                created_at, claimed_at, updated_at, completed_at, expires_at,
+                                response_raw_body, response_sealed, former_role, archived_at)
+                        SELECT o.id, o.role, o.tenant, o.caller, o.operation, o.key, o.fingerprint,
+                               o.state, o.attempt, o.attempt_token, o.recovery_point, o.locked_until,
+                               o.on_lease_expiry, o.ttl, o.response_status, o.response_headers,
+                               o.response_body, o.resource_id, o.created_at, o.claimed_at,
+                               o.updated_at, o.completed_at, o.expires_at, o.response_raw_body,
+                               o.response_sealed, o.former_role, pg_catalog.clock_timestamp()
+                          FROM target AS o
+                         WHERE NOT EXISTS (SELECT FROM idem_records_archive AS x
+                                            WHERE x.id = o.id AND x.claimed_at = o.claimed_at))
+                    UPDATE idem_records AS t
+                       SET fingerprint = p_fingerprint,
+                           state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
+                           attempt = 1, attempt_token = secret, recovery_point = NULL,
+                           locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                           on_lease_expiry = p_policy, ttl = p_ttl,
+                           response_status = NULL, response_headers = NULL, response_body = NULL,
+                           resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
+                           claimed_at = now_ts, updated_at = now_ts,
+                           completed_at = CASE WHEN p_inbox THEN now_ts END,
+                           expires_at = now_ts + p_ttl
+                     WHERE t.id = (SELECT target.id FROM target)
+                    RETURNING t.recovery_point INTO rp;
+                ELSE
+                    UPDATE idem_records AS t
+                       SET fingerprint = p_fingerprint,
+                           state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
+                           attempt = attempt_no, attempt_token = secret,
+                           recovery_point = CASE WHEN action = 'reuse' THEN NULL ELSE t.recovery_point END,
+                           locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                           on_lease_expiry = p_policy, ttl = p_ttl,
+                           response_status = NULL, response_headers = NULL, response_body = NULL,
+                           resource_id = NULL, response_raw_body = NULL, response_sealed = NULL,
+                           claimed_at = now_ts, updated_at = now_ts,
+                           completed_at = CASE WHEN p_inbox THEN now_ts END,
+                           expires_at = now_ts + p_ttl
+                     WHERE t.id = (SELECT s.id FROM idem_records AS s
+                                    WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
+                                      AND (action <> 'reuse' OR s.expires_at <= now_ts)
+                                      AND (r.state <> 'processing' OR s.locked_until <= now_ts)
+                                      FOR UPDATE SKIP LOCKED)
+                    RETURNING t.recovery_point INTO rp;
+                END IF;
+                IF FOUND THEN
+                    PERFORM idem__outcome_written();
+                    RETURN ROW('proceed',
+                               CASE WHEN NOT p_inbox
+                                    THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
+                               r.id, 'processing', attempt_no, rp, NULL, NULL, NULL, NULL, NULL, NULL,
+                               NULL)::idem_decision;
+                END IF;
             END IF;
-            IF FOUND THEN
-                PERFORM idem__outcome_written();
-                RETURN ROW('proceed',
-                           CASE WHEN NOT p_inbox
-                                THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
-                           r.id, 'processing', attempt_no, rp, NULL, NULL, NULL, NULL, NULL, NULL,
-                           NULL)::idem_decision;
-            END IF;
-        END IF;
+        EXCEPTION
+            WHEN integrity_constraint_violation THEN
+                GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                    e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                    e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+                PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                     e_table, e_column, e_schema);
+        END;
 
         -- The record changed since it was read, or another transaction is
         -- writing it (a completion racing this takeover, say).  With time
@@ -373,48 +400,29 @@ BEGIN
 END
 $$;
 
--- Whether a reuse copies the record to idem_records_archive first
--- (idempotency.cleanup_action = 'archive').
-CREATE FUNCTION idem__cleanup_archives()
-RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v text := pg_catalog.current_setting('idempotency.cleanup_action', true);
-BEGIN
-    IF v IS NULL OR v = '' OR v = 'delete' THEN
-        RETURN false;
-    ELSIF v = 'archive' THEN
-        RETURN true;
-    END IF;
-    RAISE EXCEPTION 'invalid value for parameter "idempotency.cleanup_action": "%"', v
-        USING ERRCODE = 'invalid_parameter_value',
-              HINT = 'Available values: delete, archive.';
-END
-$$;
-
 -- The options every claim takes after its scope, checked as the C
 -- edition checks them and in its order: ttl, lease, wait as microseconds
 -- (NULL: the settings'), on_lease_expiry, on_expired.
-CREATE FUNCTION idem__claim_options(ttl interval, lease interval, wait interval,
+CREATE OR REPLACE FUNCTION idem__claim_options(ttl interval, lease interval, wait interval,
                                     on_lease_expiry text, on_expired text,
                                     OUT ttl_value interval, OUT lease_us bigint, OUT wait_us bigint,
                                     OUT policy idem_lease_policy, OUT proceed_expired boolean)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF ttl IS NULL THEN
-        ttl_value := idem__setting('idempotency.default_ttl', 86400, 's', 1, 2147483647)
+        ttl_value := idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                      * interval '1 second';
     ELSE
         ttl_value := ttl;
     END IF;
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     IF lease IS NULL THEN
-        lease_us := idem__setting('idempotency.default_lease', 30000, 'ms', 1, 2147483647) * 1000;
+        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
     IF wait IS NULL THEN
-        wait_us := idem__setting('idempotency.claim_wait', 0, 'ms', 0, 2147483647) * 1000;
+        wait_us := idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000;
     ELSE
         wait_us := idem__interval_usecs(wait, 'wait', true);
     END IF;
@@ -425,7 +433,7 @@ $$;
 
 -- The scope of a call: operation, key and tenant given, checked in the C
 -- edition's order; the key is checked inline when it plainly passes.
-CREATE FUNCTION idem__check_scope(operation text, key text, tenant text)
+CREATE OR REPLACE FUNCTION idem__check_scope(operation text, key text, tenant text)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -456,7 +464,7 @@ END
 $$;
 
 -- idem_claim's body, as the owner of idem_records.
-CREATE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
+CREATE OR REPLACE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
                             caller text, ttl interval, lease interval, wait interval,
                             on_lease_expiry text, on_expired text)
 RETURNS idem_decision
@@ -482,7 +490,7 @@ $$;
 
 -- idem_claim_text's body: the request's text read as jsonb reads it (its
 -- errors first, as idem_claim's cast), every option at its default.
-CREATE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
+CREATE OR REPLACE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
 RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -500,7 +508,7 @@ $$;
 
 -- The items of idem_claim_many: a one-dimensional array without NULLs (a
 -- NULL array is refused like a NULL key); returns how many.
-CREATE FUNCTION idem__check_items(items anyarray, name text)
+CREATE OR REPLACE FUNCTION idem__check_items(items anyarray, name text)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -523,7 +531,7 @@ $$;
 -- idem_claim_many's body: every key and request checked before the first
 -- claim; one claim per item in input order; wait bounds the whole call; a
 -- key repeated within the call is claimed again without waiting.
-CREATE FUNCTION idem__claim_many(p_role regrole, operation text, keys text[], requests jsonb[],
+CREATE OR REPLACE FUNCTION idem__claim_many(p_role regrole, operation text, keys text[], requests jsonb[],
                                  tenant text, caller text, ttl interval, lease interval,
                                  wait interval, on_lease_expiry text, on_expired text)
 RETURNS TABLE (key text, outcome text, token text, record_id bigint, state idem_state,
@@ -592,7 +600,7 @@ $$;
 
 -- idem_inbox's body: a consumer's message id recorded succeeded at once, in
 -- the consumer's transaction.
-CREATE FUNCTION idem__inbox(p_role regrole, consumer text, message_id text, message jsonb,
+CREATE OR REPLACE FUNCTION idem__inbox(p_role regrole, consumer text, message_id text, message jsonb,
                             ttl interval)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -611,11 +619,11 @@ BEGIN
     PERFORM idem__check_name(consumer, 'consumer', false);
     PERFORM idem__check_key(message_id);
     fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem_fingerprint(message) END;
-    ttl_value := coalesce(ttl, idem__setting('idempotency.default_ttl', 86400, 's', 1, 2147483647)
+    ttl_value := coalesce(ttl, idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                                * interval '1 second');
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     d := idem__claim_key(p_role, consumer, message_id, '', '', fingerprint, ttl_value, 0,
-                         idem__setting('idempotency.claim_wait', 0, 'ms', 0, 2147483647) * 1000,
+                         idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000,
                          'unknown', false, true);
     IF d.outcome = 'expired' THEN
         -- a tombstone keeps the fingerprint: a different message is a mismatch
@@ -635,7 +643,7 @@ $$;
 -- idem_replay's body: what a claim would answer, without a request and
 -- without writing; a tombstone shows as expired; no row when there is no
 -- record or it is past the tombstone window.
-CREATE FUNCTION idem__replay(p_role regrole, operation text, key text, tenant text, caller text)
+CREATE OR REPLACE FUNCTION idem__replay(p_role regrole, operation text, key text, tenant text, caller text)
 RETURNS SETOF idem_decision
 LANGUAGE plpgsql STABLE SECURITY DEFINER ROWS 1 AS $$
 DECLARE
@@ -653,9 +661,9 @@ BEGIN
         RETURN;
     END IF;
     IF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
-        IF now_ts < r.expires_at + idem__setting('idempotency.tombstone_ttl', 604800, 's', 0, 2147483647)
+        IF now_ts < r.expires_at + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                                    * interval '1 second' THEN
-            RETURN NEXT idem__answer('expired', r, now_ts);
+            RETURN NEXT idem__answer('expired', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;
         RETURN;
     END IF;
@@ -665,7 +673,9 @@ BEGIN
                                   WHEN r.locked_until > now_ts THEN 'in_progress'
                                   WHEN r.on_lease_expiry = 'retry' THEN 'proceed'
                                   ELSE 'unknown' END,
-                             r, now_ts);
+                             r.id, r.state, r.attempt, r.recovery_point, r.response_status,
+                             r.response_headers, r.response_body, r.resource_id,
+                             r.response_raw_body, r.locked_until, now_ts);
 END
 $$;
 
@@ -674,7 +684,7 @@ $$;
 -- are inlined into the calling statement (LANGUAGE sql, one expression, no
 -- SET clause), so the wrapper costs nothing.
 --
-CREATE FUNCTION idem_claim(
+CREATE OR REPLACE FUNCTION idem_claim(
     operation       text,
     key             text,
     request         jsonb DEFAULT NULL,
@@ -693,7 +703,7 @@ RETURN idem__claim(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), 
 COMMENT ON FUNCTION idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text) IS
     'Claim an idempotency key: proceed, replay, in_progress, mismatch, unknown or expired';
 
-CREATE FUNCTION idem_claim_text(
+CREATE OR REPLACE FUNCTION idem_claim_text(
     operation text,
     key       text,
     request   text,
@@ -706,7 +716,7 @@ RETURN idem__claim_text(pg_catalog.to_regrole(pg_catalog.quote_ident(current_use
 COMMENT ON FUNCTION idem_claim_text(text, text, text, text) IS
     'Claim an idempotency key with a request given as JSON text and the default options: idem_claim''s answer';
 
-CREATE FUNCTION idem_claim_many(
+CREATE OR REPLACE FUNCTION idem_claim_many(
     operation       text,
     keys            text[],
     requests        jsonb[] DEFAULT NULL,
@@ -742,7 +752,7 @@ END;
 COMMENT ON FUNCTION idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text) IS
     'Claim many idempotency keys at once: one decision per key, in input order';
 
-CREATE FUNCTION idem_inbox(
+CREATE OR REPLACE FUNCTION idem_inbox(
     consumer   text,
     message_id text,
     message    jsonb DEFAULT NULL,
@@ -755,7 +765,7 @@ RETURN idem__inbox(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), 
 COMMENT ON FUNCTION idem_inbox(text, text, jsonb, interval) IS
     'Record a consumed message id: proceed, duplicate, in_progress or mismatch';
 
-CREATE FUNCTION idem_replay(
+CREATE OR REPLACE FUNCTION idem_replay(
     operation text,
     key       text,
     tenant    text DEFAULT '',
@@ -766,14 +776,6 @@ BEGIN ATOMIC
     SELECT * FROM idem__replay(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                                operation, key, tenant, caller);
 END;
-
-REVOKE ALL ON FUNCTION
-    idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text),
-    idem_claim_text(text, text, text, text),
-    idem_claim_many(text, text[], jsonb[], text, text, interval, interval, interval, text, text),
-    idem_inbox(text, text, jsonb, interval),
-    idem_replay(text, text, text, text)
-    FROM PUBLIC;
 
 -- Only the definer functions run these, as the owner of idem_records.
 REVOKE ALL ON FUNCTION

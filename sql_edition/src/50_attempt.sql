@@ -15,7 +15,7 @@
 --
 
 -- Explain why a token no longer names the record's running attempt.
-CREATE FUNCTION idem__stale_token(p_role regrole, p_record_id bigint, p_attempt integer)
+CREATE OR REPLACE FUNCTION idem__stale_token(p_role regrole, p_record_id bigint, p_attempt integer)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -52,7 +52,7 @@ $$;
 
 -- Store the outcome of the attempt a token names: succeeded (complete),
 -- failed or retryable (fail).
-CREATE FUNCTION idem__finish(p_role regrole, via text, token text,
+CREATE OR REPLACE FUNCTION idem__finish(p_role regrole, via text, token text,
                              new_state idem_state, http_status integer, body jsonb,
                              headers jsonb, resource_id text, raw_body bytea)
 RETURNS void
@@ -60,6 +60,13 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     tok record;
     now_ts timestamptz;
+    done boolean;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     IF via = 'idem_complete' THEN
         PERFORM idem__acting_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)');
@@ -87,16 +94,25 @@ BEGIN
      WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
     IF FOUND THEN
         now_ts := pg_catalog.clock_timestamp();
-        UPDATE idem_records AS t
-           SET state = new_state, response_status = http_status,
-               response_headers = headers, response_body = body,
-               response_raw_body = raw_body, response_sealed = NULL,
-               resource_id = idem__finish.resource_id,
-               attempt_token = NULL, locked_until = NULL,
-               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
-         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
-           AND t.state = 'processing' AND t.attempt = tok.attempt;
-        IF FOUND THEN
+        BEGIN
+            UPDATE idem_records AS t
+               SET state = new_state, response_status = http_status,
+                   response_headers = headers, response_body = body,
+                   response_raw_body = raw_body, response_sealed = NULL,
+                   resource_id = idem__finish.resource_id,
+                   attempt_token = NULL, locked_until = NULL,
+                   completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+             WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+               AND t.state = 'processing' AND t.attempt = tok.attempt;
+            done := FOUND;
+        EXCEPTION WHEN integrity_constraint_violation THEN
+            GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+            PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                 e_table, e_column, e_schema);
+        END;
+        IF done THEN
             PERFORM idem__outcome_written();
             RETURN;
         END IF;
@@ -106,7 +122,7 @@ END
 $$;
 
 -- Set the lease end or the recovery point of the attempt a token names.
-CREATE FUNCTION idem__token_write(p_role regrole, tok record, new_locked_until timestamptz,
+CREATE OR REPLACE FUNCTION idem__token_write(p_role regrole, tok record, new_locked_until timestamptz,
                                   new_recovery_point text)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -128,7 +144,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION idem__heartbeat(p_role regrole, token text, lease interval)
+CREATE OR REPLACE FUNCTION idem__heartbeat(p_role regrole, token text, lease interval)
 RETURNS timestamptz
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -139,7 +155,7 @@ BEGIN
     PERFORM idem__acting_role(p_role, 'idem_heartbeat(text, interval)');
     tok := idem__token_parse(token);
     IF lease IS NULL THEN
-        lease_us := idem__setting('idempotency.default_lease', 30000, 'ms', 1, 2147483647) * 1000;
+        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
@@ -150,7 +166,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION idem__checkpoint(p_role regrole, token text, recovery_point text)
+CREATE OR REPLACE FUNCTION idem__checkpoint(p_role regrole, token text, recovery_point text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -163,7 +179,7 @@ BEGIN
         RAISE EXCEPTION 'recovery_point must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF pg_catalog.octet_length(recovery_point) > 1024 THEN
-        max_size := idem__setting('idempotency.max_response_size', 1048576, 'B', 1024, 536870911);
+        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF pg_catalog.octet_length(recovery_point) > max_size THEN
             RAISE EXCEPTION 'recovery_point is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -178,7 +194,7 @@ $$;
 
 -- Settle an unknown record as succeeded, failed or retryable: the calling
 -- role's own, or any role's for the owner of idem_records and superusers.
-CREATE FUNCTION idem__resolve(p_role regrole, record_id bigint, state text, http_status integer,
+CREATE OR REPLACE FUNCTION idem__resolve(p_role regrole, record_id bigint, state text, http_status integer,
                               body jsonb, headers jsonb, raw_body bytea)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -187,6 +203,13 @@ DECLARE
     any_role boolean;
     now_ts timestamptz;
     found_state idem_state;
+    done boolean;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
 BEGIN
     PERFORM idem__acting_role(p_role, 'idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)');
     IF record_id IS NULL THEN
@@ -205,14 +228,23 @@ BEGIN
     PERFORM idem__require_writable('resolve an idempotency record');
     any_role := idem__is_operator(p_role);
     now_ts := pg_catalog.clock_timestamp();
-    UPDATE idem_records AS t
-       SET state = new_state, response_status = http_status,
-           response_headers = headers, response_body = body,
-           response_raw_body = raw_body, response_sealed = NULL,
-           completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
-     WHERE t.id = idem__resolve.record_id AND t.state = 'unknown'
-       AND (t.role = p_role OR any_role);
-    IF FOUND THEN
+    BEGIN
+        UPDATE idem_records AS t
+           SET state = new_state, response_status = http_status,
+               response_headers = headers, response_body = body,
+               response_raw_body = raw_body, response_sealed = NULL,
+               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+         WHERE t.id = idem__resolve.record_id AND t.state = 'unknown'
+           AND (t.role = p_role OR any_role);
+        done := FOUND;
+    EXCEPTION WHEN integrity_constraint_violation THEN
+        GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+            e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+            e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+        PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                             e_table, e_column, e_schema);
+    END;
+    IF done THEN
         PERFORM idem__outcome_written();
         RETURN;
     END IF;
@@ -231,7 +263,7 @@ $$;
 --
 -- The public functions, inlined into the calling statement.
 --
-CREATE FUNCTION idem_complete(
+CREATE OR REPLACE FUNCTION idem_complete(
     token       text,
     http_status integer,
     body        jsonb DEFAULT NULL,
@@ -244,7 +276,7 @@ RETURN idem__finish(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                     'idem_complete', token,
                     'succeeded', http_status, body, headers, resource_id, raw_body);
 
-CREATE FUNCTION idem_fail(
+CREATE OR REPLACE FUNCTION idem_fail(
     token       text,
     http_status integer,
     body        jsonb DEFAULT NULL,
@@ -258,14 +290,14 @@ RETURN idem__finish(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)),
                     CASE WHEN retryable THEN 'retryable' WHEN NOT retryable THEN 'failed' END::idem_state,
                     http_status, body, headers, NULL, raw_body);
 
-CREATE FUNCTION idem_heartbeat(
+CREATE OR REPLACE FUNCTION idem_heartbeat(
     token text,
     lease interval DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__heartbeat(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), token, lease);
 
-CREATE FUNCTION idem_checkpoint(
+CREATE OR REPLACE FUNCTION idem_checkpoint(
     token          text,
     recovery_point text)
 RETURNS void
@@ -273,7 +305,7 @@ LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__checkpoint(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), token,
                         recovery_point);
 
-CREATE FUNCTION idem_resolve(
+CREATE OR REPLACE FUNCTION idem_resolve(
     record_id   bigint,
     state       text,
     http_status integer,
@@ -284,14 +316,6 @@ RETURNS void
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN idem__resolve(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), record_id,
                      state, http_status, body, headers, raw_body);
-
-REVOKE ALL ON FUNCTION
-    idem_complete(text, integer, jsonb, jsonb, text, bytea),
-    idem_fail(text, integer, jsonb, jsonb, boolean, bytea),
-    idem_heartbeat(text, interval),
-    idem_checkpoint(text, text),
-    idem_resolve(bigint, text, integer, jsonb, jsonb, bytea)
-    FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION
     idem__stale_token(regrole, bigint, integer),

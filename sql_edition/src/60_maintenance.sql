@@ -623,7 +623,7 @@ BEGIN
         END IF;
         days := (extract(year FROM $4)::bigint * 12 + extract(month FROM $4)::bigint) * 30
                 + extract(day FROM $4)::bigint;
-        IF days > 365250 OR days * 86400 + extract(epoch FROM $4 - date_trunc('day', $4)) > 365250 * 86400 THEN
+        IF days > 365250 OR days * 86400 + extract(epoch FROM $4 - date_trunc('day', $4)) > 365250::bigint * 86400 THEN
             RAISE EXCEPTION 'older_than is out of range'
                 USING ERRCODE = '22023',
                       DETAIL = format('The value given is %s; the longest accepted is 365250 days.', $4);

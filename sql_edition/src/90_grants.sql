@@ -27,7 +27,23 @@ DECLARE
         'idem_maintenance'];
     -- SQL functions kept inlinable: a SET clause would stop the planner
     -- from inlining them, so their bodies name the schema themselves
-    inlined constant text[] := ARRAY[]::text[];
+    inlined constant text[] := ARRAY[
+        'idem_claim(text,text,jsonb,text,text,interval,interval,interval,text,text)',
+        'idem_claim_text(text,text,text,text)',
+        'idem_inbox(text,text,jsonb,interval)',
+        'idem_replay(text,text,text,text)',
+        'idem_complete(text,integer,jsonb,jsonb,text,bytea)',
+        'idem_fail(text,integer,jsonb,jsonb,boolean,bytea)',
+        'idem_heartbeat(text,interval)',
+        'idem_checkpoint(text,text)',
+        'idem_resolve(bigint,text,integer,jsonb,jsonb,bytea)',
+        'idem__no_request()',
+        'idem__new_secret()',
+        'idem__token_format(bigint,integer,bytea)',
+        'idem__max_key_length()',
+        'idem__is_operator(regrole)',
+        'idem__answer_busy()',
+        'idem__answer(text,bigint,idem_state,integer,text,integer,jsonb,jsonb,text,bytea,timestamp with time zone,timestamp with time zone)'];
     f record;
 BEGIN
     -- A function made by this run has the default privileges (PUBLIC may
