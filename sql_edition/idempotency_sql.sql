@@ -520,6 +520,20 @@ DECLARE
     finished_from boolean;
     detail text;
 BEGIN
+    -- the writes of the idem_* functions, in one test each: a new attempt 1
+    -- processing (or an inbox record); a write of a processing attempt that
+    -- keeps its attempt, fingerprint, scope, key, id and created_at
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.attempt = 1 AND NEW.state = 'processing' THEN
+            RETURN NEW;
+        END IF;
+    ELSIF OLD.state = 'processing' AND NEW.attempt = OLD.attempt
+          AND NEW.fingerprint = OLD.fingerprint AND NEW.role IS NOT DISTINCT FROM OLD.role
+          AND NEW.key = OLD.key AND NEW.operation = OLD.operation AND NEW.caller = OLD.caller
+          AND NEW.tenant = OLD.tenant AND NEW.id = OLD.id AND NEW.created_at = OLD.created_at
+          AND NEW.state IS NOT NULL THEN
+        RETURN NEW;
+    END IF;
     IF NEW.state IS NULL OR NEW.attempt IS NULL THEN
         RETURN NEW;                 -- the NOT NULL constraints report it
     END IF;
@@ -903,6 +917,18 @@ BEGIN
 END
 $$;
 
+-- Whether response headers plainly pass idem__check_headers: an object of
+-- plain strings or a list of [name, value] pairs, names HTTP tokens that
+-- are not hop-by-hop, values without quotes, backslashes or control
+-- characters, read from the value's text form by one pattern.  When they
+-- do not, idem__check_headers decides.
+CREATE OR REPLACE FUNCTION idem__plain_headers(headers jsonb)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN coalesce((headers::text ~ '^(\{\}|\{"[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*"(, "[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*")*\}|\[\]|\[\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\](, \["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\])*\])$')
+                AND headers::text !~* '"(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade)"',
+                false);
+
 -- A user-supplied string shortened for a message: at most maxlen bytes,
 -- cut at a character boundary, with "..." when it was longer.
 CREATE OR REPLACE FUNCTION idem__clip(value text, maxlen integer)
@@ -1022,13 +1048,13 @@ $$;
 -- marked unknown) commits synchronously, as with the C edition's
 -- idempotency.synchronous_outcomes (on by default): an asynchronous commit
 -- is visible before it is on disk, and a crash would take back an answer
--- already acted on.  Only synchronous_commit = off needs raising.
+-- already acted on.  Only synchronous_commit = off needs raising, once per
+-- transaction; the writers call this only then.
 CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF pg_catalog.current_setting('synchronous_commit') = 'off'
-       AND idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
+    IF idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
 END
@@ -1150,25 +1176,35 @@ LANGUAGE sql IMMUTABLE
 RETURN record_id::text || '.' || attempt::text || '.' || pg_catalog.encode(secret, 'hex');
 
 -- Parse a token, raising when it is not exactly the form written: no
--- blanks, signs or leading zeros, lower-case hex digits.
+-- blanks, signs or leading zeros, lower-case hex digits.  (String
+-- functions, not one pattern with counted repeats, which PostgreSQL's
+-- regular expressions match slowly.)
 CREATE OR REPLACE FUNCTION idem__token_parse(token text, OUT record_id bigint, OUT attempt integer,
-                                  OUT secret bytea)
+                                             OUT secret bytea)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    m text[];
+    id_part text := pg_catalog.split_part(token, '.', 1);
+    attempt_part text := pg_catalog.split_part(token, '.', 2);
+    secret_part text := pg_catalog.split_part(token, '.', 3);
+    malformed boolean;
 BEGIN
     IF token IS NULL THEN
         RAISE EXCEPTION 'token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    m := pg_catalog.regexp_match(token, '^([1-9][0-9]{0,18})\.([1-9][0-9]{0,9})\.([0-9a-f]{32})$');
-    IF m IS NULL OR m[1]::numeric > 9223372036854775807 OR m[2]::numeric > 2147483647 THEN
+    malformed := CASE WHEN token <> id_part || '.' || attempt_part || '.' || secret_part
+                 OR pg_catalog.length(id_part) > 19 OR id_part !~ '^[1-9][0-9]*$'
+                 OR pg_catalog.length(attempt_part) > 10 OR attempt_part !~ '^[1-9][0-9]*$'
+                 OR pg_catalog.length(secret_part) <> 32 OR secret_part ~ '[^0-9a-f]'
+                 THEN true
+            ELSE id_part::numeric > 9223372036854775807 OR attempt_part::numeric > 2147483647 END;
+    IF malformed THEN
         RAISE EXCEPTION 'invalid attempt token'
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Pass the token idem_claim returned with outcome "proceed".';
     END IF;
-    record_id := m[1]::bigint;
-    attempt := m[2]::integer;
-    secret := pg_catalog.decode(m[3], 'hex');
+    record_id := id_part::bigint;
+    attempt := attempt_part::integer;
+    secret := pg_catalog.decode(secret_part, 'hex');
 END
 $$;
 
@@ -1268,11 +1304,11 @@ CREATE OR REPLACE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_k
                                 p_caller text, p_fingerprint bytea, p_ttl interval,
                                 p_lease_us bigint, p_wait_us bigint,
                                 p_policy idem_lease_policy, p_proceed_expired boolean,
-                                p_inbox boolean)
+                                p_inbox boolean, p_absent boolean DEFAULT false)
 RETURNS idem_decision
 LANGUAGE plpgsql AS $$
 DECLARE
-    r idem_records;
+    r record;
     now_ts timestamptz := pg_catalog.clock_timestamp();
     deadline timestamptz := now_ts + p_wait_us * interval '1 microsecond';
     outcome text;
@@ -1288,6 +1324,7 @@ DECLARE
     saved_timeout text;
     timeout_ms bigint;
     d idem_decision;
+    dummy text;
     e_state text;
     e_message text;
     e_constraint text;
@@ -1297,7 +1334,17 @@ DECLARE
 BEGIN
     LOOP
         now_ts := pg_catalog.clock_timestamp();
-        SELECT * INTO r FROM idem_records AS t
+        IF p_absent THEN
+            -- the caller has just found no record: insert at once
+            p_absent := false;
+            outcome := 'proceed';
+            action := 'insert';
+            r := NULL;
+        ELSE
+        SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
+               t.on_lease_expiry, t.response_status, t.response_headers, t.response_body,
+               t.resource_id, t.response_raw_body, t.expires_at
+          INTO r FROM idem_records AS t
          WHERE t.key = p_key AND t.operation = p_operation AND t.caller = p_caller
            AND t.tenant = p_tenant AND t.role = p_role;
         IF NOT FOUND THEN
@@ -1341,6 +1388,7 @@ BEGIN
         ELSE
             outcome := 'unknown';
             action := 'mark_unknown';
+        END IF;
         END IF;
 
         -- an inbox message id held by a record only idem_claim makes
@@ -1406,7 +1454,7 @@ BEGIN
             saved_timeout := pg_catalog.current_setting('lock_timeout');
             timeout_ms := GREATEST(1, pg_catalog.ceil(extract(epoch FROM deadline - now_ts) * 1000));
             BEGIN
-                PERFORM pg_catalog.set_config('lock_timeout', timeout_ms::text || 'ms', true);
+                dummy := pg_catalog.set_config('lock_timeout', timeout_ms::text || 'ms', true);
                 INSERT INTO idem_records AS t
                        (role, tenant, caller, operation, key, fingerprint, state, attempt,
                         attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
@@ -1421,7 +1469,7 @@ BEGIN
                 RETURNING t.id, (t.role = p_role AND t.tenant = p_tenant AND t.caller = p_caller
                                  AND t.operation = p_operation AND t.key = p_key)
                      INTO new_id, same_row;
-                PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
+                dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
             EXCEPTION
                 WHEN lock_not_available THEN
                     -- another transaction is inserting the key and has not ended
@@ -1440,7 +1488,9 @@ BEGIN
                               DETAIL = 'A BEFORE INSERT trigger changed the record''s id, scope or key, or returned NULL; the claim''s key would not be the key written.',
                               HINT = 'Drop the trigger, or leave the id, the scope and the key of a new row as they are.';
                 END IF;
-                PERFORM idem__outcome_written();
+                IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+                    PERFORM idem__outcome_written();
+                END IF;
                 RETURN ROW('proceed',
                            CASE WHEN NOT p_inbox
                                 THEN new_id::text || '.1.' || pg_catalog.encode(secret, 'hex') END,
@@ -1462,7 +1512,9 @@ BEGIN
                                   AND s.locked_until <= now_ts
                                   FOR UPDATE SKIP LOCKED);
                 IF FOUND THEN
+                    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
                     PERFORM idem__outcome_written();
+                END IF;
                     r.state := 'unknown';
                     RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
                 END IF;
@@ -1532,7 +1584,9 @@ BEGIN
                     RETURNING t.recovery_point INTO rp;
                 END IF;
                 IF FOUND THEN
+                    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
                     PERFORM idem__outcome_written();
+                END IF;
                     RETURN ROW('proceed',
                                CASE WHEN NOT p_inbox
                                     THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
@@ -1638,34 +1692,116 @@ BEGIN
 END
 $$;
 
--- idem_claim's body, as the owner of idem_records.
-CREATE OR REPLACE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
-                            caller text, ttl interval, lease interval, wait interval,
-                            on_lease_expiry text, on_expired text)
+-- Whether a scope plainly passes its checks: operation, key and tenant
+-- given, a key of 1 to 255 bytes of printable ASCII, names without control
+-- characters within 255 bytes, idempotency.max_key_length not set.  When
+-- it does not, idem__check_scope finds the error, if any.  Inlined into
+-- the claims' expressions: no call.
+CREATE OR REPLACE FUNCTION idem__plain_scope(operation text, key text, tenant text)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN coalesce(NOT (key = '' OR pg_catalog.octet_length(key) > 255 OR key ~ '[^ -~]'
+                     OR operation = '' OR pg_catalog.octet_length(operation) > 255
+                     OR operation ~ '[\x01-\x1f\x7f]'
+                     OR pg_catalog.octet_length(tenant) > 255 OR tenant ~ '[\x01-\x1f\x7f]'
+                     OR coalesce(pg_catalog.current_setting('idempotency.max_key_length', true), '') <> ''),
+                false);
+
+-- Whether the role a call passes is plainly the caller's: the session's
+-- own role, which may execute the public function the call came through.
+-- When it is not, idem__acting_role decides.  Inlined, as above.
+CREATE OR REPLACE FUNCTION idem__plain_role(role regrole, via regprocedure)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN coalesce(role OPERATOR(pg_catalog.=) pg_catalog.to_regrole(pg_catalog.quote_ident(session_user))
+                AND pg_catalog.has_function_privilege(role, via, 'EXECUTE'), false);
+
+-- A claim with every option at its default, the call every request of a
+-- client library makes: one statement reads the record and, for the
+-- answers that need no write and no wait (replay, mismatch, unknown,
+-- in_progress), makes the answer; a new key goes straight to its insert;
+-- anything else to idem__claim_key.
+CREATE OR REPLACE FUNCTION idem__claim_plain(p_role regrole, p_operation text, p_key text,
+                                             p_tenant text, p_fingerprint bytea)
+RETURNS idem_decision
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ts timestamptz := pg_catalog.clock_timestamp();
+    found_row record;
+BEGIN
+    SELECT NOT (t.state IN ('succeeded', 'failed', 'retryable') AND t.expires_at <= now_ts)
+           AND (t.fingerprint <> p_fingerprint OR t.state IN ('succeeded', 'failed', 'unknown')
+                OR (t.state = 'processing' AND t.locked_until > now_ts)) AS settled,
+           idem__answer(CASE WHEN t.fingerprint <> p_fingerprint THEN 'mismatch'
+                             WHEN t.state IN ('succeeded', 'failed') THEN 'replay'
+                             WHEN t.state = 'unknown' THEN 'unknown'
+                             ELSE 'in_progress' END,
+                        t.id, t.state, t.attempt, t.recovery_point, t.response_status,
+                        t.response_headers, t.response_body, t.resource_id,
+                        t.response_raw_body, t.locked_until, now_ts) AS answer
+      INTO found_row
+      FROM idem_records AS t
+     WHERE t.key = p_key AND t.operation = p_operation AND t.caller = ''
+       AND t.tenant = p_tenant AND t.role = p_role;
+    IF found_row.settled THEN
+        RETURN found_row.answer;
+    END IF;
+    RETURN idem__claim_key(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
+                           interval '86400 seconds', 30000000, 0, 'unknown', false, false,
+                           NOT FOUND);
+END
+$$;
+
+-- idem_claim's body, as the owner of idem_records.  Every claim of an
+-- application runs it, so the common case is tested inline (the calling
+-- role is the session's, a key of printable ASCII within the default
+-- limit, settings at their defaults) and the helpers are called only to
+-- find the exact error or read a setting that is set.
+CREATE OR REPLACE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb,
+                                       tenant text, caller text, ttl interval, lease interval,
+                                       wait interval, on_lease_expiry text, on_expired text)
 RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    scope_caller text;
+    scope_caller text := '';
+    ttl_value interval := ttl;
+    lease_us bigint;
+    wait_us bigint;
+    policy idem_lease_policy;
+    proceed_expired boolean;
     o record;
 BEGIN
-    PERFORM idem__acting_role(p_role, 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)');
-    PERFORM idem__check_scope(operation, key, tenant);
+    IF NOT idem__plain_role(p_role, 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)') THEN
+        PERFORM idem__acting_role(p_role, 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)');
+    END IF;
+    IF NOT idem__plain_scope(operation, key, tenant) THEN
+        PERFORM idem__check_scope(operation, key, tenant);
+    END IF;
     IF caller IS NOT NULL THEN
         scope_caller := idem__scope_caller(p_role, caller);
-    ELSE
-        scope_caller := '';
     END IF;
-    o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
-    RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
-                           CASE WHEN request IS NULL THEN idem__no_request()
-                                ELSE idem_fingerprint(request) END,
-                           o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired, false);
+    IF caller IS NOT NULL OR ttl IS NOT NULL OR lease IS NOT NULL OR wait IS NOT NULL
+       OR on_lease_expiry IS DISTINCT FROM 'unknown' OR on_expired IS DISTINCT FROM 'reject'
+       OR pg_catalog.current_setting('idempotency.default_ttl', true) <> ''
+       OR pg_catalog.current_setting('idempotency.default_lease', true) <> ''
+       OR pg_catalog.current_setting('idempotency.claim_wait', true) <> '' THEN
+        o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
+        RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
+                               CASE WHEN request IS NULL THEN idem__no_request()
+                                    ELSE idem_fingerprint(request) END,
+                               o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired,
+                               false);
+    END IF;
+    RETURN idem__claim_plain(p_role, operation, key, tenant,
+                             CASE WHEN request IS NULL THEN idem__no_request()
+                                  ELSE idem_fingerprint(request) END);
 END
 $$;
 
 -- idem_claim_text's body: the request's text read as jsonb reads it (its
 -- errors first, as idem_claim's cast), every option at its default.
-CREATE OR REPLACE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
+CREATE OR REPLACE FUNCTION idem__claim_text(p_role regrole, operation text, key text,
+                                            request text, tenant text)
 RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -1673,11 +1809,20 @@ DECLARE
                               ELSE idem_fingerprint(request::jsonb) END;
     o record;
 BEGIN
-    PERFORM idem__acting_role(p_role, 'idem_claim_text(text, text, text, text)');
-    PERFORM idem__check_scope(operation, key, tenant);
-    o := idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject');
-    RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
-                           o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false);
+    IF NOT idem__plain_role(p_role, 'idem_claim_text(text, text, text, text)') THEN
+        PERFORM idem__acting_role(p_role, 'idem_claim_text(text, text, text, text)');
+    END IF;
+    IF NOT idem__plain_scope(operation, key, tenant) THEN
+        PERFORM idem__check_scope(operation, key, tenant);
+    END IF;
+    IF pg_catalog.current_setting('idempotency.default_ttl', true) <> ''
+       OR pg_catalog.current_setting('idempotency.default_lease', true) <> ''
+       OR pg_catalog.current_setting('idempotency.claim_wait', true) <> '' THEN
+        o := idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject');
+        RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
+                               o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false);
+    END IF;
+    RETURN idem__claim_plain(p_role, operation, key, tenant, fingerprint);
 END
 $$;
 
@@ -1822,14 +1967,17 @@ CREATE OR REPLACE FUNCTION idem__replay(p_role regrole, operation text, key text
 RETURNS SETOF idem_decision
 LANGUAGE plpgsql STABLE SECURITY DEFINER ROWS 1 AS $$
 DECLARE
-    r idem_records;
+    r record;
     now_ts timestamptz := pg_catalog.clock_timestamp();
     scope_caller text;
 BEGIN
     PERFORM idem__acting_role(p_role, 'idem_replay(text, text, text, text)');
     PERFORM idem__check_scope(operation, key, tenant);
     scope_caller := idem__scope_caller(p_role, caller);
-    SELECT * INTO r FROM idem_records AS t
+    SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
+               t.on_lease_expiry, t.response_status, t.response_headers, t.response_body,
+               t.resource_id, t.response_raw_body, t.expires_at
+          INTO r FROM idem_records AS t
      WHERE t.key = idem__replay.key AND t.operation = idem__replay.operation
        AND t.caller = scope_caller AND t.tenant = idem__replay.tenant AND t.role = p_role;
     IF NOT FOUND THEN
@@ -1955,7 +2103,8 @@ END;
 -- Only the definer functions run these, as the owner of idem_records.
 REVOKE ALL ON FUNCTION
     idem__claim_key(regrole, text, text, text, text, bytea, interval, bigint, bigint,
-                    idem_lease_policy, boolean, boolean)
+                    idem_lease_policy, boolean, boolean, boolean),
+    idem__claim_plain(regrole, text, text, text, bytea)
     FROM PUBLIC;
 
 -- src/50_attempt.sql
@@ -2030,18 +2179,22 @@ DECLARE
     e_schema text;
 BEGIN
     IF via = 'idem_complete' THEN
-        PERFORM idem__acting_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)');
-    ELSE
+        IF NOT idem__plain_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)') THEN
+            PERFORM idem__acting_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)');
+        END IF;
+    ELSIF NOT idem__plain_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)') THEN
         PERFORM idem__acting_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)');
     END IF;
     tok := idem__token_parse(token);
     IF http_status IS NULL THEN
         RAISE EXCEPTION 'http_status must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF http_status < 100 OR http_status > 599 OR headers IS NOT NULL
+    IF http_status < 100 OR http_status > 599
+       OR (headers IS NOT NULL AND NOT idem__plain_headers(headers))
        OR (body IS NOT NULL AND raw_body IS NOT NULL)
-       OR coalesce(pg_catalog.octet_length(raw_body), 0) + coalesce(pg_catalog.pg_column_size(body), 0)
-          + coalesce(pg_catalog.octet_length(resource_id), 0) > 1024 THEN
+       OR coalesce(pg_catalog.octet_length(raw_body), 0) + coalesce(pg_catalog.octet_length(resource_id), 0)
+          + coalesce(pg_catalog.octet_length(body::text), 0)
+          + coalesce(pg_catalog.octet_length(headers::text), 0) > 512 THEN
         PERFORM idem__check_response(http_status, body, headers, resource_id, raw_body);
     END IF;
     IF new_state IS NULL THEN
@@ -2051,32 +2204,33 @@ BEGIN
         PERFORM idem__require_writable('store the outcome of an attempt');
     END IF;
 
-    PERFORM FROM idem_records AS t
-     WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
-    IF FOUND THEN
-        now_ts := pg_catalog.clock_timestamp();
-        BEGIN
-            UPDATE idem_records AS t
-               SET state = new_state, response_status = http_status,
-                   response_headers = headers, response_body = body,
-                   response_raw_body = raw_body, response_sealed = NULL,
-                   resource_id = idem__finish.resource_id,
-                   attempt_token = NULL, locked_until = NULL,
-                   completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
-             WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
-               AND t.state = 'processing' AND t.attempt = tok.attempt;
-            done := FOUND;
-        EXCEPTION WHEN integrity_constraint_violation THEN
-            GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
-                e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
-                e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
-            PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
-                                                 e_table, e_column, e_schema);
-        END;
-        IF done THEN
+    -- One statement: its scan compares the role and the secret on the
+    -- version this snapshot sees before it would wait for a row lock, so a
+    -- token of another role, or a forged one, never waits.
+    now_ts := pg_catalog.clock_timestamp();
+    BEGIN
+        UPDATE idem_records AS t
+           SET state = new_state, response_status = http_status,
+               response_headers = headers, response_body = body,
+               response_raw_body = raw_body, response_sealed = NULL,
+               resource_id = idem__finish.resource_id,
+               attempt_token = NULL, locked_until = NULL,
+               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+           AND t.state = 'processing' AND t.attempt = tok.attempt;
+        done := FOUND;
+    EXCEPTION WHEN integrity_constraint_violation THEN
+        GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+            e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+            e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+        PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                             e_table, e_column, e_schema);
+    END;
+    IF done THEN
+        IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
             PERFORM idem__outcome_written();
-            RETURN;
         END IF;
+        RETURN;
     END IF;
     PERFORM idem__stale_token(p_role, tok.record_id, tok.attempt);
 END
@@ -2088,18 +2242,14 @@ CREATE OR REPLACE FUNCTION idem__token_write(p_role regrole, tok record, new_loc
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM FROM idem_records AS t
-     WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
+    UPDATE idem_records AS t
+       SET locked_until = coalesce(new_locked_until, t.locked_until),
+           recovery_point = coalesce(new_recovery_point, t.recovery_point),
+           updated_at = pg_catalog.clock_timestamp()
+     WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+       AND t.state = 'processing' AND t.attempt = tok.attempt;
     IF FOUND THEN
-        UPDATE idem_records AS t
-           SET locked_until = coalesce(new_locked_until, t.locked_until),
-               recovery_point = coalesce(new_recovery_point, t.recovery_point),
-               updated_at = pg_catalog.clock_timestamp()
-         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
-           AND t.state = 'processing' AND t.attempt = tok.attempt;
-        IF FOUND THEN
-            RETURN;
-        END IF;
+        RETURN;
     END IF;
     PERFORM idem__stale_token(p_role, tok.record_id, tok.attempt);
 END
@@ -2206,7 +2356,9 @@ BEGIN
                                              e_table, e_column, e_schema);
     END;
     IF done THEN
-        PERFORM idem__outcome_written();
+        IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+                PERFORM idem__outcome_written();
+            END IF;
         RETURN;
     END IF;
     SELECT t.state INTO found_state FROM idem_records AS t
@@ -3020,7 +3172,11 @@ DECLARE
         'idem_cleanup', 'idem_records_without_role', 'idem_records_guard',
         'idem_maintenance'];
     -- SQL functions kept inlinable: a SET clause would stop the planner
-    -- from inlining them, so their bodies name the schema themselves
+    -- from inlining them, so their bodies name the schema themselves.
+    -- The claims' private helpers (idem__*, not SECURITY DEFINER) are not
+    -- pinned either: they run inside the pinned definer functions, under
+    -- their search_path, and a SET clause on each would switch search_path
+    -- (and look it up again) twice per call, several times per claim.
     inlined constant text[] := ARRAY[
         'idem_claim(text,text,jsonb,text,text,interval,interval,interval,text,text)',
         'idem_claim_text(text,text,text,text)',
@@ -3037,6 +3193,8 @@ DECLARE
         'idem__max_key_length()',
         'idem__is_operator(regrole)',
         'idem__answer_busy()',
+        'idem__plain_scope(text,text,text)',
+        'idem__plain_role(regrole,regprocedure)',
         'idem__answer(text,bigint,idem_state,integer,text,integer,jsonb,jsonb,text,bytea,timestamp with time zone,timestamp with time zone)'];
     f record;
 BEGIN
@@ -3067,6 +3225,7 @@ BEGIN
            AND p.proname OPERATOR(pg_catalog.~~) 'idem\_%'
            AND p.prokind OPERATOR(pg_catalog.=) 'f'
            AND NOT (p.oid::pg_catalog.regprocedure::text OPERATOR(pg_catalog.=) ANY (inlined))
+           AND NOT (p.proname OPERATOR(pg_catalog.~~) 'idem\_\_%' AND NOT p.prosecdef)
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.signature, schema_oid::pg_catalog.regnamespace::text);

@@ -30,6 +30,20 @@ DECLARE
     finished_from boolean;
     detail text;
 BEGIN
+    -- the writes of the idem_* functions, in one test each: a new attempt 1
+    -- processing (or an inbox record); a write of a processing attempt that
+    -- keeps its attempt, fingerprint, scope, key, id and created_at
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.attempt = 1 AND NEW.state = 'processing' THEN
+            RETURN NEW;
+        END IF;
+    ELSIF OLD.state = 'processing' AND NEW.attempt = OLD.attempt
+          AND NEW.fingerprint = OLD.fingerprint AND NEW.role IS NOT DISTINCT FROM OLD.role
+          AND NEW.key = OLD.key AND NEW.operation = OLD.operation AND NEW.caller = OLD.caller
+          AND NEW.tenant = OLD.tenant AND NEW.id = OLD.id AND NEW.created_at = OLD.created_at
+          AND NEW.state IS NOT NULL THEN
+        RETURN NEW;
+    END IF;
     IF NEW.state IS NULL OR NEW.attempt IS NULL THEN
         RETURN NEW;                 -- the NOT NULL constraints report it
     END IF;

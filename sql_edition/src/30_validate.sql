@@ -268,6 +268,18 @@ BEGIN
 END
 $$;
 
+-- Whether response headers plainly pass idem__check_headers: an object of
+-- plain strings or a list of [name, value] pairs, names HTTP tokens that
+-- are not hop-by-hop, values without quotes, backslashes or control
+-- characters, read from the value's text form by one pattern.  When they
+-- do not, idem__check_headers decides.
+CREATE OR REPLACE FUNCTION idem__plain_headers(headers jsonb)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN coalesce((headers::text ~ '^(\{\}|\{"[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*"(, "[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*")*\}|\[\]|\[\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\](, \["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\])*\])$')
+                AND headers::text !~* '"(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade)"',
+                false);
+
 -- A user-supplied string shortened for a message: at most maxlen bytes,
 -- cut at a character boundary, with "..." when it was longer.
 CREATE OR REPLACE FUNCTION idem__clip(value text, maxlen integer)
@@ -387,13 +399,13 @@ $$;
 -- marked unknown) commits synchronously, as with the C edition's
 -- idempotency.synchronous_outcomes (on by default): an asynchronous commit
 -- is visible before it is on disk, and a crash would take back an answer
--- already acted on.  Only synchronous_commit = off needs raising.
+-- already acted on.  Only synchronous_commit = off needs raising, once per
+-- transaction; the writers call this only then.
 CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF pg_catalog.current_setting('synchronous_commit') = 'off'
-       AND idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
+    IF idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
 END

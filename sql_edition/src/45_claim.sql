@@ -93,11 +93,11 @@ CREATE OR REPLACE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_k
                                 p_caller text, p_fingerprint bytea, p_ttl interval,
                                 p_lease_us bigint, p_wait_us bigint,
                                 p_policy idem_lease_policy, p_proceed_expired boolean,
-                                p_inbox boolean)
+                                p_inbox boolean, p_absent boolean DEFAULT false)
 RETURNS idem_decision
 LANGUAGE plpgsql AS $$
 DECLARE
-    r idem_records;
+    r record;
     now_ts timestamptz := pg_catalog.clock_timestamp();
     deadline timestamptz := now_ts + p_wait_us * interval '1 microsecond';
     outcome text;
@@ -113,6 +113,7 @@ DECLARE
     saved_timeout text;
     timeout_ms bigint;
     d idem_decision;
+    dummy text;
     e_state text;
     e_message text;
     e_constraint text;
@@ -122,7 +123,17 @@ DECLARE
 BEGIN
     LOOP
         now_ts := pg_catalog.clock_timestamp();
-        SELECT * INTO r FROM idem_records AS t
+        IF p_absent THEN
+            -- the caller has just found no record: insert at once
+            p_absent := false;
+            outcome := 'proceed';
+            action := 'insert';
+            r := NULL;
+        ELSE
+        SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
+               t.on_lease_expiry, t.response_status, t.response_headers, t.response_body,
+               t.resource_id, t.response_raw_body, t.expires_at
+          INTO r FROM idem_records AS t
          WHERE t.key = p_key AND t.operation = p_operation AND t.caller = p_caller
            AND t.tenant = p_tenant AND t.role = p_role;
         IF NOT FOUND THEN
@@ -166,6 +177,7 @@ BEGIN
         ELSE
             outcome := 'unknown';
             action := 'mark_unknown';
+        END IF;
         END IF;
 
         -- an inbox message id held by a record only idem_claim makes
@@ -231,7 +243,7 @@ BEGIN
             saved_timeout := pg_catalog.current_setting('lock_timeout');
             timeout_ms := GREATEST(1, pg_catalog.ceil(extract(epoch FROM deadline - now_ts) * 1000));
             BEGIN
-                PERFORM pg_catalog.set_config('lock_timeout', timeout_ms::text || 'ms', true);
+                dummy := pg_catalog.set_config('lock_timeout', timeout_ms::text || 'ms', true);
                 INSERT INTO idem_records AS t
                        (role, tenant, caller, operation, key, fingerprint, state, attempt,
                         attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
@@ -246,7 +258,7 @@ BEGIN
                 RETURNING t.id, (t.role = p_role AND t.tenant = p_tenant AND t.caller = p_caller
                                  AND t.operation = p_operation AND t.key = p_key)
                      INTO new_id, same_row;
-                PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
+                dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
             EXCEPTION
                 WHEN lock_not_available THEN
                     -- another transaction is inserting the key and has not ended
@@ -265,7 +277,9 @@ BEGIN
                               DETAIL = 'A BEFORE INSERT trigger changed the record''s id, scope or key, or returned NULL; the claim''s key would not be the key written.',
                               HINT = 'Drop the trigger, or leave the id, the scope and the key of a new row as they are.';
                 END IF;
-                PERFORM idem__outcome_written();
+                IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+                    PERFORM idem__outcome_written();
+                END IF;
                 RETURN ROW('proceed',
                            CASE WHEN NOT p_inbox
                                 THEN new_id::text || '.1.' || pg_catalog.encode(secret, 'hex') END,
@@ -287,7 +301,9 @@ BEGIN
                                   AND s.locked_until <= now_ts
                                   FOR UPDATE SKIP LOCKED);
                 IF FOUND THEN
+                    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
                     PERFORM idem__outcome_written();
+                END IF;
                     r.state := 'unknown';
                     RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
                 END IF;
@@ -357,7 +373,9 @@ BEGIN
                     RETURNING t.recovery_point INTO rp;
                 END IF;
                 IF FOUND THEN
+                    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
                     PERFORM idem__outcome_written();
+                END IF;
                     RETURN ROW('proceed',
                                CASE WHEN NOT p_inbox
                                     THEN r.id::text || '.' || attempt_no::text || '.' || pg_catalog.encode(secret, 'hex') END,
@@ -463,34 +481,116 @@ BEGIN
 END
 $$;
 
--- idem_claim's body, as the owner of idem_records.
-CREATE OR REPLACE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb, tenant text,
-                            caller text, ttl interval, lease interval, wait interval,
-                            on_lease_expiry text, on_expired text)
+-- Whether a scope plainly passes its checks: operation, key and tenant
+-- given, a key of 1 to 255 bytes of printable ASCII, names without control
+-- characters within 255 bytes, idempotency.max_key_length not set.  When
+-- it does not, idem__check_scope finds the error, if any.  Inlined into
+-- the claims' expressions: no call.
+CREATE OR REPLACE FUNCTION idem__plain_scope(operation text, key text, tenant text)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN coalesce(NOT (key = '' OR pg_catalog.octet_length(key) > 255 OR key ~ '[^ -~]'
+                     OR operation = '' OR pg_catalog.octet_length(operation) > 255
+                     OR operation ~ '[\x01-\x1f\x7f]'
+                     OR pg_catalog.octet_length(tenant) > 255 OR tenant ~ '[\x01-\x1f\x7f]'
+                     OR coalesce(pg_catalog.current_setting('idempotency.max_key_length', true), '') <> ''),
+                false);
+
+-- Whether the role a call passes is plainly the caller's: the session's
+-- own role, which may execute the public function the call came through.
+-- When it is not, idem__acting_role decides.  Inlined, as above.
+CREATE OR REPLACE FUNCTION idem__plain_role(role regrole, via regprocedure)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN coalesce(role OPERATOR(pg_catalog.=) pg_catalog.to_regrole(pg_catalog.quote_ident(session_user))
+                AND pg_catalog.has_function_privilege(role, via, 'EXECUTE'), false);
+
+-- A claim with every option at its default, the call every request of a
+-- client library makes: one statement reads the record and, for the
+-- answers that need no write and no wait (replay, mismatch, unknown,
+-- in_progress), makes the answer; a new key goes straight to its insert;
+-- anything else to idem__claim_key.
+CREATE OR REPLACE FUNCTION idem__claim_plain(p_role regrole, p_operation text, p_key text,
+                                             p_tenant text, p_fingerprint bytea)
+RETURNS idem_decision
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ts timestamptz := pg_catalog.clock_timestamp();
+    found_row record;
+BEGIN
+    SELECT NOT (t.state IN ('succeeded', 'failed', 'retryable') AND t.expires_at <= now_ts)
+           AND (t.fingerprint <> p_fingerprint OR t.state IN ('succeeded', 'failed', 'unknown')
+                OR (t.state = 'processing' AND t.locked_until > now_ts)) AS settled,
+           idem__answer(CASE WHEN t.fingerprint <> p_fingerprint THEN 'mismatch'
+                             WHEN t.state IN ('succeeded', 'failed') THEN 'replay'
+                             WHEN t.state = 'unknown' THEN 'unknown'
+                             ELSE 'in_progress' END,
+                        t.id, t.state, t.attempt, t.recovery_point, t.response_status,
+                        t.response_headers, t.response_body, t.resource_id,
+                        t.response_raw_body, t.locked_until, now_ts) AS answer
+      INTO found_row
+      FROM idem_records AS t
+     WHERE t.key = p_key AND t.operation = p_operation AND t.caller = ''
+       AND t.tenant = p_tenant AND t.role = p_role;
+    IF found_row.settled THEN
+        RETURN found_row.answer;
+    END IF;
+    RETURN idem__claim_key(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
+                           interval '86400 seconds', 30000000, 0, 'unknown', false, false,
+                           NOT FOUND);
+END
+$$;
+
+-- idem_claim's body, as the owner of idem_records.  Every claim of an
+-- application runs it, so the common case is tested inline (the calling
+-- role is the session's, a key of printable ASCII within the default
+-- limit, settings at their defaults) and the helpers are called only to
+-- find the exact error or read a setting that is set.
+CREATE OR REPLACE FUNCTION idem__claim(p_role regrole, operation text, key text, request jsonb,
+                                       tenant text, caller text, ttl interval, lease interval,
+                                       wait interval, on_lease_expiry text, on_expired text)
 RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    scope_caller text;
+    scope_caller text := '';
+    ttl_value interval := ttl;
+    lease_us bigint;
+    wait_us bigint;
+    policy idem_lease_policy;
+    proceed_expired boolean;
     o record;
 BEGIN
-    PERFORM idem__acting_role(p_role, 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)');
-    PERFORM idem__check_scope(operation, key, tenant);
+    IF NOT idem__plain_role(p_role, 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)') THEN
+        PERFORM idem__acting_role(p_role, 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)');
+    END IF;
+    IF NOT idem__plain_scope(operation, key, tenant) THEN
+        PERFORM idem__check_scope(operation, key, tenant);
+    END IF;
     IF caller IS NOT NULL THEN
         scope_caller := idem__scope_caller(p_role, caller);
-    ELSE
-        scope_caller := '';
     END IF;
-    o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
-    RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
-                           CASE WHEN request IS NULL THEN idem__no_request()
-                                ELSE idem_fingerprint(request) END,
-                           o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired, false);
+    IF caller IS NOT NULL OR ttl IS NOT NULL OR lease IS NOT NULL OR wait IS NOT NULL
+       OR on_lease_expiry IS DISTINCT FROM 'unknown' OR on_expired IS DISTINCT FROM 'reject'
+       OR pg_catalog.current_setting('idempotency.default_ttl', true) <> ''
+       OR pg_catalog.current_setting('idempotency.default_lease', true) <> ''
+       OR pg_catalog.current_setting('idempotency.claim_wait', true) <> '' THEN
+        o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
+        RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
+                               CASE WHEN request IS NULL THEN idem__no_request()
+                                    ELSE idem_fingerprint(request) END,
+                               o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired,
+                               false);
+    END IF;
+    RETURN idem__claim_plain(p_role, operation, key, tenant,
+                             CASE WHEN request IS NULL THEN idem__no_request()
+                                  ELSE idem_fingerprint(request) END);
 END
 $$;
 
 -- idem_claim_text's body: the request's text read as jsonb reads it (its
 -- errors first, as idem_claim's cast), every option at its default.
-CREATE OR REPLACE FUNCTION idem__claim_text(p_role regrole, operation text, key text, request text, tenant text)
+CREATE OR REPLACE FUNCTION idem__claim_text(p_role regrole, operation text, key text,
+                                            request text, tenant text)
 RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -498,11 +598,20 @@ DECLARE
                               ELSE idem_fingerprint(request::jsonb) END;
     o record;
 BEGIN
-    PERFORM idem__acting_role(p_role, 'idem_claim_text(text, text, text, text)');
-    PERFORM idem__check_scope(operation, key, tenant);
-    o := idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject');
-    RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
-                           o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false);
+    IF NOT idem__plain_role(p_role, 'idem_claim_text(text, text, text, text)') THEN
+        PERFORM idem__acting_role(p_role, 'idem_claim_text(text, text, text, text)');
+    END IF;
+    IF NOT idem__plain_scope(operation, key, tenant) THEN
+        PERFORM idem__check_scope(operation, key, tenant);
+    END IF;
+    IF pg_catalog.current_setting('idempotency.default_ttl', true) <> ''
+       OR pg_catalog.current_setting('idempotency.default_lease', true) <> ''
+       OR pg_catalog.current_setting('idempotency.claim_wait', true) <> '' THEN
+        o := idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject');
+        RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
+                               o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false);
+    END IF;
+    RETURN idem__claim_plain(p_role, operation, key, tenant, fingerprint);
 END
 $$;
 
@@ -647,14 +756,17 @@ CREATE OR REPLACE FUNCTION idem__replay(p_role regrole, operation text, key text
 RETURNS SETOF idem_decision
 LANGUAGE plpgsql STABLE SECURITY DEFINER ROWS 1 AS $$
 DECLARE
-    r idem_records;
+    r record;
     now_ts timestamptz := pg_catalog.clock_timestamp();
     scope_caller text;
 BEGIN
     PERFORM idem__acting_role(p_role, 'idem_replay(text, text, text, text)');
     PERFORM idem__check_scope(operation, key, tenant);
     scope_caller := idem__scope_caller(p_role, caller);
-    SELECT * INTO r FROM idem_records AS t
+    SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
+               t.on_lease_expiry, t.response_status, t.response_headers, t.response_body,
+               t.resource_id, t.response_raw_body, t.expires_at
+          INTO r FROM idem_records AS t
      WHERE t.key = idem__replay.key AND t.operation = idem__replay.operation
        AND t.caller = scope_caller AND t.tenant = idem__replay.tenant AND t.role = p_role;
     IF NOT FOUND THEN
@@ -780,5 +892,6 @@ END;
 -- Only the definer functions run these, as the owner of idem_records.
 REVOKE ALL ON FUNCTION
     idem__claim_key(regrole, text, text, text, text, bytea, interval, bigint, bigint,
-                    idem_lease_policy, boolean, boolean)
+                    idem_lease_policy, boolean, boolean, boolean),
+    idem__claim_plain(regrole, text, text, text, bytea)
     FROM PUBLIC;

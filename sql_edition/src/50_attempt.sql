@@ -69,18 +69,22 @@ DECLARE
     e_schema text;
 BEGIN
     IF via = 'idem_complete' THEN
-        PERFORM idem__acting_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)');
-    ELSE
+        IF NOT idem__plain_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)') THEN
+            PERFORM idem__acting_role(p_role, 'idem_complete(text, integer, jsonb, jsonb, text, bytea)');
+        END IF;
+    ELSIF NOT idem__plain_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)') THEN
         PERFORM idem__acting_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)');
     END IF;
     tok := idem__token_parse(token);
     IF http_status IS NULL THEN
         RAISE EXCEPTION 'http_status must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF http_status < 100 OR http_status > 599 OR headers IS NOT NULL
+    IF http_status < 100 OR http_status > 599
+       OR (headers IS NOT NULL AND NOT idem__plain_headers(headers))
        OR (body IS NOT NULL AND raw_body IS NOT NULL)
-       OR coalesce(pg_catalog.octet_length(raw_body), 0) + coalesce(pg_catalog.pg_column_size(body), 0)
-          + coalesce(pg_catalog.octet_length(resource_id), 0) > 1024 THEN
+       OR coalesce(pg_catalog.octet_length(raw_body), 0) + coalesce(pg_catalog.octet_length(resource_id), 0)
+          + coalesce(pg_catalog.octet_length(body::text), 0)
+          + coalesce(pg_catalog.octet_length(headers::text), 0) > 512 THEN
         PERFORM idem__check_response(http_status, body, headers, resource_id, raw_body);
     END IF;
     IF new_state IS NULL THEN
@@ -90,32 +94,33 @@ BEGIN
         PERFORM idem__require_writable('store the outcome of an attempt');
     END IF;
 
-    PERFORM FROM idem_records AS t
-     WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
-    IF FOUND THEN
-        now_ts := pg_catalog.clock_timestamp();
-        BEGIN
-            UPDATE idem_records AS t
-               SET state = new_state, response_status = http_status,
-                   response_headers = headers, response_body = body,
-                   response_raw_body = raw_body, response_sealed = NULL,
-                   resource_id = idem__finish.resource_id,
-                   attempt_token = NULL, locked_until = NULL,
-                   completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
-             WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
-               AND t.state = 'processing' AND t.attempt = tok.attempt;
-            done := FOUND;
-        EXCEPTION WHEN integrity_constraint_violation THEN
-            GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
-                e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
-                e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
-            PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
-                                                 e_table, e_column, e_schema);
-        END;
-        IF done THEN
+    -- One statement: its scan compares the role and the secret on the
+    -- version this snapshot sees before it would wait for a row lock, so a
+    -- token of another role, or a forged one, never waits.
+    now_ts := pg_catalog.clock_timestamp();
+    BEGIN
+        UPDATE idem_records AS t
+           SET state = new_state, response_status = http_status,
+               response_headers = headers, response_body = body,
+               response_raw_body = raw_body, response_sealed = NULL,
+               resource_id = idem__finish.resource_id,
+               attempt_token = NULL, locked_until = NULL,
+               completed_at = now_ts, updated_at = now_ts, expires_at = now_ts + t.ttl
+         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+           AND t.state = 'processing' AND t.attempt = tok.attempt;
+        done := FOUND;
+    EXCEPTION WHEN integrity_constraint_violation THEN
+        GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+            e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+            e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+        PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                             e_table, e_column, e_schema);
+    END;
+    IF done THEN
+        IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
             PERFORM idem__outcome_written();
-            RETURN;
         END IF;
+        RETURN;
     END IF;
     PERFORM idem__stale_token(p_role, tok.record_id, tok.attempt);
 END
@@ -127,18 +132,14 @@ CREATE OR REPLACE FUNCTION idem__token_write(p_role regrole, tok record, new_loc
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM FROM idem_records AS t
-     WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret;
+    UPDATE idem_records AS t
+       SET locked_until = coalesce(new_locked_until, t.locked_until),
+           recovery_point = coalesce(new_recovery_point, t.recovery_point),
+           updated_at = pg_catalog.clock_timestamp()
+     WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
+       AND t.state = 'processing' AND t.attempt = tok.attempt;
     IF FOUND THEN
-        UPDATE idem_records AS t
-           SET locked_until = coalesce(new_locked_until, t.locked_until),
-               recovery_point = coalesce(new_recovery_point, t.recovery_point),
-               updated_at = pg_catalog.clock_timestamp()
-         WHERE t.id = tok.record_id AND t.role = p_role AND t.attempt_token = tok.secret
-           AND t.state = 'processing' AND t.attempt = tok.attempt;
-        IF FOUND THEN
-            RETURN;
-        END IF;
+        RETURN;
     END IF;
     PERFORM idem__stale_token(p_role, tok.record_id, tok.attempt);
 END
@@ -245,7 +246,9 @@ BEGIN
                                              e_table, e_column, e_schema);
     END;
     IF done THEN
-        PERFORM idem__outcome_written();
+        IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+                PERFORM idem__outcome_written();
+            END IF;
         RETURN;
     END IF;
     SELECT t.state INTO found_state FROM idem_records AS t

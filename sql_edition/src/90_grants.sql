@@ -26,7 +26,11 @@ DECLARE
         'idem_cleanup', 'idem_records_without_role', 'idem_records_guard',
         'idem_maintenance'];
     -- SQL functions kept inlinable: a SET clause would stop the planner
-    -- from inlining them, so their bodies name the schema themselves
+    -- from inlining them, so their bodies name the schema themselves.
+    -- The claims' private helpers (idem__*, not SECURITY DEFINER) are not
+    -- pinned either: they run inside the pinned definer functions, under
+    -- their search_path, and a SET clause on each would switch search_path
+    -- (and look it up again) twice per call, several times per claim.
     inlined constant text[] := ARRAY[
         'idem_claim(text,text,jsonb,text,text,interval,interval,interval,text,text)',
         'idem_claim_text(text,text,text,text)',
@@ -43,6 +47,8 @@ DECLARE
         'idem__max_key_length()',
         'idem__is_operator(regrole)',
         'idem__answer_busy()',
+        'idem__plain_scope(text,text,text)',
+        'idem__plain_role(regrole,regprocedure)',
         'idem__answer(text,bigint,idem_state,integer,text,integer,jsonb,jsonb,text,bytea,timestamp with time zone,timestamp with time zone)'];
     f record;
 BEGIN
@@ -73,6 +79,7 @@ BEGIN
            AND p.proname OPERATOR(pg_catalog.~~) 'idem\_%'
            AND p.prokind OPERATOR(pg_catalog.=) 'f'
            AND NOT (p.oid::pg_catalog.regprocedure::text OPERATOR(pg_catalog.=) ANY (inlined))
+           AND NOT (p.proname OPERATOR(pg_catalog.~~) 'idem\_\_%' AND NOT p.prosecdef)
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.signature, schema_oid::pg_catalog.regnamespace::text);
