@@ -11,7 +11,11 @@
 -- C and SQL editions)
 \set SHOW_CONTEXT never
 SET client_min_messages = warning;
+-- (the C extension when no edition is installed: the file runs alone too)
+SELECT count(*) = 0 AS no_edition FROM pg_proc WHERE proname = 'idem_canonical' \gset
+\if :no_edition
 CREATE EXTENSION IF NOT EXISTS idempotency;
+\endif
 RESET client_min_messages;
 
 -- Every formatting branch, with its edges.
