@@ -491,6 +491,34 @@ sqled_pending() {
     echo "sql_edition: $what: not run, the installer has no$missing yet"
 }
 
+# sqled_walkthrough: in appdb, the role app given its privileges by the
+# block of sql_edition/README.md ("Privileges", as written, by the
+# superuser: ALTER ROLE of another role needs more than the installing role
+# has), then the README's walkthrough as written, as app: the answers of the
+# C edition's walkthrough suite, in order.  app owns appdb, as in the C
+# edition's walkthrough, where it creates its business table.  One test.
+sqled_walkthrough() {
+    local ok=1 out=$IDEM_TMP/sqled-walkthrough.out sql=$IDEM_TMP/sqled-walkthrough.sql
+    local grants=$IDEM_TMP/sqled-privileges.sql got
+    awk '/^### Privileges/ { sec = 1; next } /^#/ { sec = 0 }
+         sec && /^```sql$/ { code = 1; next } code && /^```$/ { exit } code' \
+        "$IDEM_ROOT/sql_edition/README.md" >"$grants"
+    readme_walkthrough >"$sql"
+    chmod 644 "$sql" "$grants"
+    if [ -s "$grants" ] && sqled_psql -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE ROLE app LOGIN" \
+            -c "ALTER DATABASE appdb OWNER TO app" >"$out" 2>&1 &&
+        sqled_psql -q -v ON_ERROR_STOP=1 -d appdb -f "$grants" >>"$out" 2>&1 &&
+        as_postgres env PGHOST="$SQLED_HOST" PGPORT="$SQLED_PORT" "$SQLED_BIN/psql" -X -v ON_ERROR_STOP=1 \
+            -U app -d appdb -f "$sql" >>"$out" 2>&1; then
+        got=$(grep -oE '^ *(proceed|replay|mismatch|in_progress|unknown)\b' "$out" | tr -d ' ' | tr '\n' ' ')
+        [ "${got% }" = "$IDEM_WALKTHROUGH_ANSWERS" ] || { echo "walkthrough: answers \"${got% }\", expected \"$IDEM_WALKTHROUGH_ANSWERS\""; ok=0; }
+    else
+        ok=0
+    fi
+    [ "$ok" = 1 ] || cat "$out"
+    sqled_result "the README's walkthrough as app, privileges as sql_edition/README.md gives them" "$ok"
+}
+
 # sqled_own_check SCRIPT [ENV...]: one of the edition's own checks
 # (sql_edition/test/SCRIPT, from the suite's copy of the tree), as
 # postgres, against the suite's cluster.  One test.
@@ -537,6 +565,7 @@ run_sql_edition_suite() {
     sqled_own_check install_and_maintenance.sh
     local app=0 cron=0
     sqled_install_app && app=1
+    [ "$app" = 0 ] || sqled_walkthrough
     # (pg_cron in appdb; waits for a run of pg_cron: in the background, while the rest runs)
     sqled_own_check pg_cron.sh CRON_DB=appdb >"$IDEM_TMP/sqled-pg_cron.result" 2>&1 &
     local own_cron=$!

@@ -159,16 +159,22 @@ wanted regress && run_suite regress ISOLATION= TAP_TESTS= ${REGRESS:+"REGRESS=$R
 wanted isolation && run_suite isolation REGRESS= TAP_TESTS= ${ISOLATION:+"ISOLATION=$ISOLATION"}
 wanted tap && run_suite tap REGRESS= ISOLATION= ${PROVE_TESTS:+"PROVE_TESTS=$PROVE_TESTS"}
 
+# readme_walkthrough: the sql blocks of the README's walkthrough, as written.
+readme_walkthrough() {
+    sed -n '/^## Walkthrough/,/^## Using it/p' "$IDEM_ROOT/README.md" |
+        awk '/^```sql$/ { code = 1; next } /^```$/ { code = 0 } code'
+}
+IDEM_WALKTHROUGH_ANSWERS="proceed replay mismatch in_progress replay unknown replay"
+
 # The README's walkthrough, its sql blocks run as written with psql by an
 # application role set up as the README's install steps say: it must run
 # without error and give the answers the README describes, in order.
 run_walkthrough() {
     local bindir out=$IDEM_TMP/walkthrough.out sql=$IDEM_TMP/walkthrough.sql got
-    local want="proceed replay mismatch in_progress replay unknown replay"
+    local want=$IDEM_WALKTHROUGH_ANSWERS
     bindir=$("$PG_CONFIG" --bindir)
     log "suite: walkthrough (README.md)"
-    sed -n '/^## Walkthrough/,/^## Using it/p' "$IDEM_ROOT/README.md" |
-        awk '/^```sql$/ { code = 1; next } /^```$/ { code = 0 } code' >"$sql"
+    readme_walkthrough >"$sql"
     chmod 644 "$sql"
     if as_postgres "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -d postgres \
             -c "CREATE ROLE app LOGIN" -c "CREATE DATABASE appdb OWNER app" &&
