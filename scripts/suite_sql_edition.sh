@@ -150,9 +150,13 @@ sqled_install_app() {
 }
 
 # sqled_tests KIND STATUS: the names of sql_edition/test/shared_tests of
-# that kind and status, in order.
+# that kind and status, in order; of those, only the ones REGRESS (or
+# ISOLATION) names when it is set, as for the C edition's suites.
 sqled_tests() {
-    awk -v k="$1" -v s="$2" '!/^#/ && $1 == k && $3 == s { print $2 }' "$SQLED_LIST"
+    local only=
+    case $1 in regress) only=${REGRESS:-} ;; isolation) only=${ISOLATION:-} ;; esac
+    awk -v k="$1" -v s="$2" -v only=" $only " '!/^#/ && $1 == k && $3 == s &&
+        (only == "  " || index(only, " " $2 " ")) { print $2 }' "$SQLED_LIST"
 }
 
 # sqled_check_list: every file of sql/ and specs/ is named once in
@@ -251,7 +255,8 @@ SQLED_PGOPTIONS="-c idempotency.default_ttl=1d -c idempotency.default_lease=30s 
 # the copy, in the database contrib_regression as PGXS names it).
 sqled_regress() {
     local dir=$IDEM_TMP/sqled/regress out=$IDEM_TMP/sqled-regress.out tests status=0
-    tests=$(awk '!/^#/ && $1 == "regress" && ($3 == "run" || $3 == "edition") { print $2 }' "$SQLED_LIST")
+    tests=$(awk -v only=" ${REGRESS:-} " '!/^#/ && $1 == "regress" && ($3 == "run" || $3 == "edition") &&
+        (only == "  " || index(only, " " $2 " ")) { print $2 }' "$SQLED_LIST")
     log "suite: sql_edition regress ($(echo $tests | wc -w) files)"
     sqled_inputdir "$dir" regress
     (cd "$dir" && as_postgres env PGOPTIONS="$SQLED_PGOPTIONS" \
