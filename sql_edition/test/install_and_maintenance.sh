@@ -79,9 +79,20 @@ SQL
 digest="SELECT md5(string_agg(r::text, ',' ORDER BY r.id)) FROM idempotency.idem_records AS r"
 before=$(as_owner -Atc "$digest")
 
-# 3. A second run keeps every record.
+# 3. A second run keeps every record, and the grants made since (to a role
+# and to PUBLIC).
+as_owner -c "GRANT EXECUTE ON FUNCTION idempotency.idem_expire_leases TO idem_sqled_app" \
+         -c "GRANT EXECUTE ON FUNCTION idempotency.idem_records_without_role TO PUBLIC"
+acl="SELECT string_agg(p.proname || ':' || has_function_privilege('idem_sqled_app', p.oid, 'EXECUTE')
+                      || ':' || has_function_privilege('idem_sqled_other', p.oid, 'EXECUTE'), ' ' ORDER BY p.proname)
+       FROM pg_proc AS p
+      WHERE p.pronamespace = 'idempotency'::regnamespace
+        AND p.proname IN ('idem_cleanup', 'idem_expire_leases', 'idem_records_without_role')"
+granted='idem_cleanup:false:false idem_expire_leases:true:false idem_records_without_role:true:true'
+[ "$(as_owner -Atc "$acl")" = "$granted" ] || fail "grants before the second run: $(as_owner -Atc "$acl")"
 as_owner -v schema=idempotency -f "$installer"
 [ "$(as_owner -Atc "$digest")" = "$before" ] || fail "a second run changed the records"
+[ "$(as_owner -Atc "$acl")" = "$granted" ] || fail "a second run changed the grants: $(as_owner -Atc "$acl")"
 
 # 4. A downgrade is refused, and keeps every record.
 as_owner -c "UPDATE idempotency.idem_sql_edition SET version = '1.10'"
