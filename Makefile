@@ -47,7 +47,7 @@ SHLIB_LINK += -lcrypto
 # Security: role isolation, least privilege, hostile input
 OBJS += src/security.o
 REGRESS += security role_identity role_column_text caller_names_role
-ISOLATION += claim_roles role_rename token_probe wait_takeover
+ISOLATION += claim_roles role_rename token_probe wait_takeover claim_waits_for_table_lock
 
 # Background worker and maintenance passes
 OBJS += src/worker.o src/worker_status.o src/maintenance.o
