@@ -279,6 +279,9 @@ stop_groups() {
     : >"$IDEM_GROUPS"
 }
 
+# The clusters a suite starts besides start_cluster's, stopped by cleanup.
+IDEM_STOP_CLUSTERS=()
+
 # Stop the cluster and remove the temporary folder.  Installed as an EXIT
 # trap, so it runs whatever happened before.
 cleanup() {
@@ -288,6 +291,11 @@ cleanup() {
     if [ -n "${IDEM_CLUSTER_STARTED:-}" ]; then
         as_postgres "$("$PG_CONFIG" --bindir)/pg_ctl" -D "$IDEM_TMP/data" -m fast -w stop >/dev/null 2>&1 || true
     fi
+    # the suites' other clusters: "PG_CTL|DATADIR" each
+    local c
+    for c in "${IDEM_STOP_CLUSTERS[@]}"; do
+        as_postgres "${c%%|*}" -D "${c#*|}" -m fast -w stop >/dev/null 2>&1 || true
+    done
     if [ -n "${IDEM_TMP:-}" ] && [ -d "$IDEM_TMP" ]; then
         if [ "$status" -ne 0 ] || [ -n "${KEEP_TMP:-}" ]; then
             log "kept $IDEM_TMP (server log: $IDEM_TMP/server.log)"

@@ -225,6 +225,7 @@ idem_test_root_tar() {
     base=$(idem_package_root_tar "$major") || return 1
     sources=$suite
     packages="make gcc libc6-dev libssl-dev libipc-run-perl python3 python3-psycopg2 postgresql-contrib gdb
+        postgresql-$major-cron
         postgresql-$major postgresql-server-dev-$major"
     old=$(idem_test_root_old "$major")
     if [ -n "$old" ]; then

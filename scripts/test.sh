@@ -39,8 +39,9 @@ set -euo pipefail
 . "$(dirname "$0")/suite_package.sh"
 . "$(dirname "$0")/suite_release.sh"
 . "$(dirname "$0")/roots.sh"
+. "$(dirname "$0")/suite_sql_edition.sh"
 
-IDEM_SUITES="regress isolation tap walkthrough clients sharding consumer exporter package release citus"
+IDEM_SUITES="regress isolation tap walkthrough clients sharding consumer exporter package release citus sql_edition"
 
 # wanted NAME: whether the suite NAME was asked for (all when none was).
 wanted() {
@@ -76,8 +77,9 @@ fi
 
 trap cleanup EXIT
 install_packages
-# The example clients' languages only for the suites that run them.
-if wanted clients; then
+# The example clients' languages only for the suites that run them (the
+# SQL edition's runs its clients on the first version only).
+if wanted clients || { wanted sql_edition && [ -z "${IDEM_RUN_LABEL:-}" ]; }; then
     install_client_packages
 elif wanted sharding || wanted consumer; then
     install_packages python3 python3-psycopg2
@@ -552,6 +554,9 @@ wanted release && run_release_suite
 # Citus that CITUS_PG_CONFIG names, skipped without it (scripts/suite_citus.sh).
 wanted citus && . "$IDEM_ROOT/scripts/suite_citus.sh"
 
+# The SQL edition on a cluster without our library (scripts/suite_sql_edition.sh).
+wanted sql_edition && run_sql_edition_suite
+
 # No internal error (XX000) and no crash in the log of any server the
 # suites above ran: what an owner or a caller may do is refused with a
 # SQLSTATE of its own, never with XX000, and never kills a backend.  (The
@@ -559,6 +564,7 @@ wanted citus && . "$IDEM_ROOT/scripts/suite_citus.sh"
 check_server_logs() {
     local logs=() f hits
     [ -f "$IDEM_TMP/server.log" ] && logs+=("$IDEM_TMP/server.log")
+    [ -f "$IDEM_TMP/sqled-server.log" ] && logs+=("$IDEM_TMP/sqled-server.log")
     for f in "$IDEM_TMP"/src/tmp_check/log/*.log; do
         [ -f "$f" ] && logs+=("$f")
     done
@@ -589,7 +595,7 @@ check_server_logs
 # and from 17 to 18.
 run_version() {
     local version=$1 out=$IDEM_TMP/pg$1.out suites=() s counts pg_config
-    for s in regress isolation tap; do wanted "$s" && suites+=("$s"); done
+    for s in regress isolation tap sql_edition; do wanted "$s" && suites+=("$s"); done
     [ ${#suites[@]} -gt 0 ] || return 0
     pg_config=$(pg_config_for "$version")
     if [ -n "$pg_config" ]; then

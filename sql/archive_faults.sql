@@ -5,6 +5,9 @@
 -- fault (a cancel) end the pass clearly with every record as it was; an
 -- error that concerns one row skips that row only.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 
 -- The passes look at the whole table: start from empty ones (and ids

@@ -5,6 +5,9 @@
 -- once per command; with the archive missing the reuse is refused and the
 -- record stays as it was.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 
 TRUNCATE idem_records RESTART IDENTITY;

@@ -2,6 +2,9 @@
 -- Invalid calls raise a clear error with a proper SQLSTATE and change
 -- nothing.  Expected outcomes (in_progress, mismatch, ...) are never errors.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 
 -- The SQLSTATE and message of a statement, or 'ok'.

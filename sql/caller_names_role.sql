@@ -6,6 +6,9 @@
 -- proceed a second time.  From 1.3 such a caller is refused (22023) and
 -- the role itself is the default (no caller, or NULL): no second proceed.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY terse
 CREATE ROLE regress_rc_pay;
 GRANT EXECUTE ON FUNCTION idem_claim, idem_complete TO regress_rc_pay;

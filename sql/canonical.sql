@@ -2,8 +2,15 @@
 -- Canonical JSON (RFC 8785 with exact numbers) and the request fingerprint.
 -- Numbers have a file of their own: canonical_numbers.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 SET client_min_messages = warning;
+-- (the C extension when no edition is installed: the file runs alone too)
+SELECT count(*) = 0 AS no_edition FROM pg_proc WHERE proname = 'idem_canonical' \gset
+\if :no_edition
 CREATE EXTENSION IF NOT EXISTS idempotency;
+\endif
 CREATE EXTENSION IF NOT EXISTS pgcrypto;
 RESET client_min_messages;
 

@@ -7,8 +7,15 @@
 --   -6 < n <= 0     "0.", -n zeros, digits       (down to 0.000001)
 --   otherwise       d.ddde+-(n-1)                (1e+21, 1e-7)
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 SET client_min_messages = warning;
+-- (the C extension when no edition is installed: the file runs alone too)
+SELECT count(*) = 0 AS no_edition FROM pg_proc WHERE proname = 'idem_canonical' \gset
+\if :no_edition
 CREATE EXTENSION IF NOT EXISTS idempotency;
+\endif
 RESET client_min_messages;
 
 -- Every formatting branch, with its edges.

@@ -4,6 +4,9 @@
 -- Tokens and timestamps differ on every run: the scenario keeps them in
 -- psql variables and prints only what is stable.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 SET idempotency.default_lease = '1h';
 

@@ -3,6 +3,9 @@
 -- would answer it; a bulk retry replays the items that succeeded and
 -- proceeds only for the others.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 TRUNCATE idem_records;
 

@@ -4,8 +4,15 @@
 -- the jsonb's for every text jsonb accepts, and text jsonb refuses must be
 -- refused with the same error, writing nothing.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 SET client_min_messages = warning;
+-- (the C extension when no edition is installed: the file runs alone too)
+SELECT count(*) = 0 AS no_edition FROM pg_proc WHERE proname = 'idem_claim' \gset
+\if :no_edition
 CREATE EXTENSION IF NOT EXISTS idempotency;
+\endif
 RESET client_min_messages;
 
 -- A name of its own: idem_claim keeps one declaration, so an untyped

@@ -4,6 +4,9 @@
 -- and with idempotency.encryption_key set nothing of the response is
 -- stored in plaintext.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 CREATE FUNCTION pg_temp.error_of(stmt text) RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN

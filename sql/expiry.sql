@@ -8,6 +8,9 @@
 -- into the past (an update that keeps a finished state is not a transition,
 -- so the guard allows it).
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 
 -- The passes look at the whole table: start from an empty one.

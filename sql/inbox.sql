@@ -3,6 +3,9 @@
 -- that applies the message.  proceed the first time, duplicate afterwards,
 -- mismatch for the same id with a different message; an abort forgets it.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 TRUNCATE idem_records;
 

@@ -3,6 +3,9 @@
 -- role's own records in a state, never another role's, and idem_resolve()
 -- settles the role's own unknown records, not another role's.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 
 -- The SQLSTATE and message of a statement, record ids shown as N.

@@ -6,6 +6,9 @@
 -- transaction that is rolled back, so that the next starts from the table
 -- as the scripts created it.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 SET idempotency.default_lease = '1h';
 
 -- SQLSTATE, message and hint of a statement, or 'ok'.

@@ -5,6 +5,9 @@
 -- lock; every function of the extension sees the claim as before, and a
 -- savepoint rolled back takes back exactly what it covered.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY terse
 SET idempotency.default_lease = '1h';
 

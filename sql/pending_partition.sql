@@ -7,6 +7,9 @@
 -- as a partition, so there the attach fails and nothing else is tested:
 -- expected/pending_partition_1.out.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY terse
 SET idempotency.default_lease = '1h';
 

@@ -7,6 +7,9 @@
 -- from the version installed, so the table is refused (42804) as after any
 -- other change of a column's type, until the type is changed back.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 CREATE ROLE regress_rt_app;
 CREATE ROLE "Regress Weird";
 GRANT EXECUTE ON FUNCTION idem_claim, idem_complete TO regress_rt_app, "Regress Weird";

@@ -5,6 +5,9 @@
 -- role's records stay, listed to the owner, until cleanup deletes them.
 -- Login roles that rotate share one scope through a group role.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 SET idempotency.default_lease = '1h';
 CREATE ROLE regress_rid_app;
 GRANT EXECUTE ON FUNCTION idem_claim, idem_claim_text, idem_complete, idem_replay,

@@ -5,6 +5,9 @@
 -- sees only its own records; objects a user creates in other schemas, or a
 -- search_path that puts them first, change nothing the functions do.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 SET idempotency.default_lease = '1h';
 
@@ -248,7 +251,17 @@ DROP SCHEMA regress_evil CASCADE;
 CREATE DATABASE regress_idem_schema;
 \c regress_idem_schema
 CREATE SCHEMA idem;
+-- (the C edition as an extension, the SQL edition by its installer)
+SELECT count(*) = 1 AS c_edition FROM pg_available_extensions WHERE name = 'idempotency' \gset
+\set ECHO none
+\if :c_edition
 CREATE EXTENSION idempotency SCHEMA idem;
+\else
+\set schema idem
+\i idempotency_sql.sql
+\set ON_ERROR_STOP off
+\endif
+\set ECHO all
 CREATE TABLE public.idem_records (what text);
 SET search_path = public, idem;
 SELECT (c).token AS tok FROM idem_claim('payments.create', 'sec-schema') c \gset
@@ -286,6 +299,7 @@ DROP TABLE regress_tenants;
 -- (The owner is a role without BYPASSRLS for this part: superusers bypass
 -- row level security whatever the table says.)
 CREATE ROLE regress_idem_owner;
+SELECT pg_get_userbyid(relowner) AS idem_owner FROM pg_class WHERE oid = 'idem_records'::regclass \gset
 ALTER TABLE idem_records OWNER TO regress_idem_owner;
 ALTER TABLE idem_records ENABLE ROW LEVEL SECURITY;
 ALTER TABLE idem_records FORCE ROW LEVEL SECURITY;
@@ -307,7 +321,7 @@ RESET ROLE;
 DROP POLICY regress_none ON idem_records;
 ALTER TABLE idem_records NO FORCE ROW LEVEL SECURITY;
 ALTER TABLE idem_records DISABLE ROW LEVEL SECURITY;
-ALTER TABLE idem_records OWNER TO CURRENT_USER;
+ALTER TABLE idem_records OWNER TO :"idem_owner";
 DROP ROLE regress_idem_owner;
 SELECT key, state, attempt FROM idem_records WHERE key LIKE 'sec-rls%' ORDER BY key;
 

@@ -1,6 +1,9 @@
 --
 -- The state machine holds for raw statements too, even the table owner's.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY default
 SET idempotency.default_lease = '1h';
 

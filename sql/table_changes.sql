@@ -4,6 +4,9 @@
 -- idem_records made while the session runs: constraints and indexes added
 -- and dropped, and row triggers, BEFORE and AFTER.
 --
+-- (errors print without their CONTEXT lines, which differ between the
+-- C and SQL editions)
+\set SHOW_CONTEXT never
 \set VERBOSITY terse
 SET idempotency.default_lease = '1h';
 
@@ -435,10 +438,8 @@ SELECT outcome FROM idem_claim('tc.op', 'tc-rewrite-2', '{}');
 ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
   USING (attempt * tc_claim_in_rewrite('tc-rewritten-' || id));
 \set VERBOSITY default
-\set SHOW_CONTEXT never
 ALTER TABLE idem_records ALTER COLUMN attempt TYPE int
   USING (attempt * tc_claim_in_rewrite('tc-rewritten-' || id));
-\set SHOW_CONTEXT errors
 SELECT count(*) AS claims_answered FROM tc_rewrite_log;
 SELECT key FROM idem_records WHERE key LIKE 'tc-rewrit%' ORDER BY key;
 

@@ -17,6 +17,8 @@ connection besides (--admin-dsn, or IDEM_ADMIN_DSN in the environment): one
 moves a record's expiry into the past, the other sets
 idempotency.max_new_keys_per_second, a server-wide setting applied by a
 reload, and resets it afterwards.  Without it they are skipped, and say so.
+--no-rate-limit leaves out the rate_limited check, for a server that has no
+rate limit (the SQL edition, docs/editions.md).
 
 Prints one line per check and ends with "N passed, N failed"; exits 1 when a
 check failed.  Every wait is bounded; the service is stopped whatever happens.
@@ -514,6 +516,9 @@ def main():
         help="a superuser connection to the same database, for the expired and"
              " rate_limited checks (default: $IDEM_ADMIN_DSN; skipped without)")
     parser.add_argument(
+        "--no-rate-limit", action="store_true",
+        help="the server has no rate of new keys (the SQL edition): no rate_limited check")
+    parser.add_argument(
         "--known-limit", metavar="NAME", action="append", default=[],
         help="a limit of the service's HTTP server that clients/conformance.json"
              " names (a hostile row's known_limits), checked as documented")
@@ -539,7 +544,10 @@ def main():
         test_hostile(service.port, db, args.known_limit)
         if admin is not None:
             test_expired(service.port, db, admin)
-            test_rate_limited(service.port, db, args.admin_dsn)
+            if args.no_rate_limit:
+                print("skip   rate_limited: --no-rate-limit (a server without the rate limit)", flush=True)
+            else:
+                test_rate_limited(service.port, db, args.admin_dsn)
         else:
             print("skip   expired and rate_limited: no --admin-dsn", flush=True)
     except Exception as e:

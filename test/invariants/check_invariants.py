@@ -39,6 +39,14 @@ It prints one line per invariant, "ok" or "FAILED" with examples, and a
 closing "N passed, N failed" line; the exit status is 0 only when all hold.
 
   check_invariants.py --dsn DSN [--seconds 20] [--clients 8] [--keys 3]
+                      [--edition c|sql]
+
+With --edition sql (the SQL edition, sql_edition/), the functions reach
+the records as the role that installed them, which stays the table's owner:
+the application's role gets EXECUTE on every function and SELECT on the
+table (to find the unknown records an operator settles) instead of the
+table itself.  The maintenance passes are the clients' own calls, as pg_cron
+would make them; the invariants are the same.
 """
 
 import argparse
@@ -114,13 +122,22 @@ class Log:
 class Client(threading.Thread):
     """One connection of the service, doing random requests until the end."""
 
-    def __init__(self, dsn, log, keys, deadline, seed):
+    def __init__(self, dsn, log, keys, deadline, seed, maintainer=None):
         super().__init__(daemon=True)
         self.conn = psycopg2.connect(dsn)
         self.conn.autocommit = True
         self.cur = self.conn.cursor()
         # by the role's OID from here on, whatever it is called later
         self.cur.execute("SET ROLE " + APP_ROLE)
+        # the SQL edition's passes run with their caller's privileges: as
+        # the table's owner, the role pg_cron runs them as, on a connection
+        # of their own
+        self.maint_cur = self.cur
+        if maintainer:
+            self.maint_conn = psycopg2.connect(dsn)
+            self.maint_conn.autocommit = True
+            self.maint_cur = self.maint_conn.cursor()
+            self.maint_cur.execute("SET ROLE " + maintainer)
         self.log = log
         self.keys = keys
         self.deadline = deadline
@@ -149,6 +166,8 @@ class Client(threading.Thread):
             except Exception as err:  # a bug of this program: report it
                 self.log.other_errors.append("%s: %r" % (action.__name__, err))
         self.conn.close()
+        if self.maint_cur is not self.cur:
+            self.maint_conn.close()
 
     # -- helpers ---------------------------------------------------------
 
@@ -359,24 +378,35 @@ class Client(threading.Thread):
 
     def maintenance(self):
         if self.rng.random() < 0.5:
-            self.cur.execute("SELECT idem_expire_leases(10)")
+            self.maint_cur.execute("SELECT idem_expire_leases(10)")
         else:
-            self.cur.execute("SELECT idem_cleanup(5, 2)")
+            self.maint_cur.execute("SELECT idem_cleanup(5, 2)")
         self.log.count("maintenance passes")
 
 
-def make_app_role(dsn):
+def make_app_role(dsn, edition="c"):
     """The application's role, owner of the records (an operator: it may
-    resolve and run the maintenance passes), with EXECUTE on every function."""
+    resolve and run the maintenance passes), with EXECUTE on every function.
+    The SQL edition's table stays its installer's: the role reads it, and
+    the maintenance passes run as the installer.  Returns the role the
+    passes run as (None: the application's own)."""
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     cur = conn.cursor()
     cur.execute("DROP ROLE IF EXISTS %s" % APP_ROLE_RENAMED)
     cur.execute("CREATE ROLE %s" % APP_ROLE)
-    cur.execute("ALTER TABLE idem_records OWNER TO %s" % APP_ROLE)
-    cur.execute("ALTER TABLE idem_records_archive OWNER TO %s" % APP_ROLE)
+    maintainer = None
+    if edition == "sql":
+        cur.execute("GRANT SELECT ON idem_records TO %s" % APP_ROLE)
+        cur.execute("SELECT quote_ident(pg_get_userbyid(relowner)) FROM pg_class"
+                    " WHERE oid = 'idem_records'::regclass")
+        maintainer = cur.fetchone()[0]
+    else:
+        cur.execute("ALTER TABLE idem_records OWNER TO %s" % APP_ROLE)
+        cur.execute("ALTER TABLE idem_records_archive OWNER TO %s" % APP_ROLE)
     cur.execute("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO %s" % APP_ROLE)
     conn.close()
+    return maintainer
 
 
 def rename_role(dsn, log, deadline, seed):
@@ -454,13 +484,15 @@ def parse_arguments(doc, seconds, clients, keys, more=()):
 
 
 def main():
-    args, seed = parse_arguments(__doc__, 20, 8, 3)
-    print("seed %d, %d clients, %d keys, %g s" % (seed, args.clients, args.keys, args.seconds))
+    args, seed = parse_arguments(__doc__, 20, 8, 3,
+                                 [("--edition", str, "c")])
+    print("seed %d, %d clients, %d keys, %g s, %s edition"
+          % (seed, args.clients, args.keys, args.seconds, args.edition.upper()))
 
     log = Log()
-    make_app_role(args.dsn)
+    maintainer = make_app_role(args.dsn, args.edition)
     deadline = time.monotonic() + args.seconds
-    clients = [Client(args.dsn, log, args.keys, deadline, seed + i)
+    clients = [Client(args.dsn, log, args.keys, deadline, seed + i, maintainer)
                for i in range(args.clients)]
     renamer = threading.Thread(target=rename_role, daemon=True,
                                args=(args.dsn, log, deadline, seed - 1))

@@ -1,0 +1,476 @@
+--
+-- Canonical JSON and the request fingerprint (docs/fingerprint.md), and
+-- idem_derive_key: the C edition's src/canonical.c and src/derive.c in SQL
+-- and PL/pgSQL, giving the same bytes for every jsonb.
+--
+-- The canonical text is assembled from what jsonb already prints right:
+-- a string scalar's text output (to_json of a text, or a jsonb string
+-- cast to text) escapes exactly what RFC 8785 escapes, in the same way
+-- (\" \\ \b \f \n \r \t, \u00xx in lower-case hex, nothing else), and
+-- true, false and null print as themselves.  What has to be rebuilt is
+-- the rest: whitespace, member order and numbers.
+--
+-- The fingerprint runs on every claim, so the common document (a few
+-- hundred bytes, a handful of members, perhaps one nested container) is
+-- written by one SQL statement per container, with no PL/pgSQL step per
+-- member: the scalars are formatted by inlined SQL expressions inside
+-- that statement.  Nested containers recurse; below idem__max_recursion
+-- levels the walk goes on with an explicit stack instead, so that the
+-- deepest document jsonb accepts never overflows the server's stack.
+--
+-- The small LANGUAGE sql helpers below are written to be inlined into the
+-- statements that call them (one SELECT of an expression, IMMUTABLE, not
+-- STRICT since their CASE is not, no SET clause): a search_path pinned on
+-- them would stop the inlining and cost a function call, and a plan, per
+-- member.  They call only pg_catalog functions.
+--
+
+-- Nesting handled by recursion before the explicit stack takes over: far
+-- deeper than requests are, far shallower than the server's stack allows.
+CREATE FUNCTION idem__max_recursion() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 32 $$;
+
+-- A member name as a key that sorts, byte for byte (COLLATE "C"), in the
+-- order of its UTF-16 code units.  Code point order (which "C" gives) is
+-- UTF-16 order except between characters outside the BMP (surrogates
+-- D800-DFFF in UTF-16) and characters U+E000-U+FFFF, which UTF-16 puts
+-- after them: each of the latter gets the prefix U+E001 and each astral
+-- character U+E000, which keeps every other order.  Only names with a
+-- character beyond ASCII need it.
+CREATE FUNCTION idem__utf16_key(name text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+SELECT CASE WHEN octet_length(name) = length(name) THEN name
+            ELSE regexp_replace(regexp_replace(name,
+                     '([\uE000-\uFFFF])', U&'\E001' || '\1', 'g'),
+                     '([\U00010000-\U0010FFFF])', U&'\E000' || '\1', 'g')
+       END
+$$;
+
+-- A number whose plain text (numeric_out: no exponent, the scale's
+-- trailing zeros) is not already in ECMAScript form: zero of any scale,
+-- trailing zeros after the point, integers of 22 digits or more, values
+-- below 1e-6.  With the value written as s * 10^(n-k), s of k digits
+-- without trailing zeros: k <= n <= 21 digits then zeros; 0 < n <= 21 a
+-- point inside; -6 < n <= 0 "0." then zeros; otherwise d.ddde+-(n-1).
+CREATE FUNCTION idem__number_rewrite(plain text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    negative boolean := left(plain, 1) = '-';
+    unsigned text := ltrim(plain, '-');
+    point integer := strpos(unsigned, '.');
+    whole text;
+    fraction text;
+    digits text;
+    zeros integer;
+BEGIN
+    IF plain IN ('NaN', 'Infinity', '-Infinity') THEN
+        RAISE EXCEPTION 'cannot canonicalize a jsonb number that is NaN or infinite'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'JSON has no NaN or infinite numbers.';
+    END IF;
+    IF point = 0 THEN
+        whole := unsigned;
+        fraction := '';
+    ELSE
+        whole := left(unsigned, point - 1);
+        fraction := rtrim(substr(unsigned, point + 1), '0');
+    END IF;
+
+    IF whole <> '0' THEN
+        -- n is the length of the whole part, which has no leading zero
+        IF length(whole) <= 21 THEN
+            RETURN CASE WHEN negative THEN '-' ELSE '' END || whole
+                   || CASE WHEN fraction = '' THEN '' ELSE '.' || fraction END;
+        END IF;
+        digits := rtrim(whole || fraction, '0');
+        RETURN CASE WHEN negative THEN '-' ELSE '' END || left(digits, 1)
+               || CASE WHEN length(digits) > 1 THEN '.' || substr(digits, 2) ELSE '' END
+               || 'e+' || (length(whole) - 1)::text;
+    END IF;
+
+    IF fraction = '' THEN
+        RETURN '0';             -- zero, whatever its sign or scale
+    END IF;
+    digits := ltrim(fraction, '0');
+    zeros := length(fraction) - length(digits);     -- n = -zeros
+    IF zeros < 6 THEN
+        RETURN CASE WHEN negative THEN '-' ELSE '' END || '0.' || fraction;
+    END IF;
+    RETURN CASE WHEN negative THEN '-' ELSE '' END || left(digits, 1)
+           || CASE WHEN length(digits) > 1 THEN '.' || substr(digits, 2) ELSE '' END
+           || 'e-' || (zeros + 1)::text;
+END;
+$$;
+
+-- The canonical text of a number, from its plain text.  Most numbers of
+-- requests are already in ECMAScript form (integers below 1e21, decimals
+-- without trailing zeros): they are recognised here without a call.
+CREATE FUNCTION idem__number(plain text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+SELECT CASE
+    WHEN strpos(plain, '.') = 0 THEN
+        CASE WHEN length(plain) <= 21 THEN plain ELSE idem__number_rewrite(plain) END
+    WHEN strpos(plain, '.') <= 22 AND right(plain, 1) <> '0'
+         AND plain NOT LIKE '0.000000%' AND plain NOT LIKE '-0.000000%' THEN plain
+    ELSE idem__number_rewrite(plain)
+END
+$$;
+
+-- The canonical text of a container depth levels down, for any document:
+-- an object's members sorted by a query, an array written element by
+-- element.
+CREATE FUNCTION idem__container(doc jsonb, depth integer) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    parts text[] := '{}';
+    i integer;
+BEGIN
+    IF depth >= idem__max_recursion() THEN
+        RETURN idem__container_deep(doc);
+    END IF;
+    IF jsonb_typeof(doc) = 'object' THEN
+        RETURN idem__object_by_query(doc, depth);
+    END IF;
+    -- a long array in one query, which reads a stored value once, where
+    -- doc -> i would read it whole for each element
+    IF jsonb_array_length(doc) > 8 THEN
+        RETURN '[' || (SELECT string_agg(idem__value(e.value, depth + 1), ',' ORDER BY e.n)
+                         FROM jsonb_array_elements(doc) WITH ORDINALITY AS e(value, n)) || ']';
+    END IF;
+    FOR i IN 0 .. jsonb_array_length(doc) - 1 LOOP
+        parts := parts || idem__value(doc -> i, depth + 1);
+    END LOOP;
+    RETURN '[' || array_to_string(parts, ',') || ']';
+END;
+$$;
+
+-- The canonical text, in the database encoding, of a container of depth
+-- depth (bracket: the byte of its opening bracket) whose members or
+-- elements are written in body as idem__pretty leaves them: one a line,
+-- containers already replaced by their canonical text (idem__pretty).
+CREATE FUNCTION idem__pretty_join(body bytea, depth integer, bracket integer) RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+SELECT convert_to(CASE
+    WHEN bracket = 91 THEN
+        '[' || replace(convert_from(body, getdatabaseencoding()), E',\n' || repeat(' ', 4 * depth + 4), ',') || ']'
+    WHEN length(body) = 0 THEN '{}'
+    ELSE '{"' || replace(array_to_string(tsvector_to_array(array_to_tsvector(
+                     string_to_array(convert_from(substring(body FROM 2), getdatabaseencoding()),
+                                     E',\n' || repeat(' ', 4 * depth + 4) || '"'))), ',"'),
+                         chr(1), '":') || '}'
+END, getdatabaseencoding())
+$$;
+
+-- The canonical text of a container of a plain document (idem__plain),
+-- in the database encoding, from the container's text as jsonb_pretty
+-- writes it, in which "": "" has become U+0001 and numbers have lost the
+-- trailing zeros of their fraction; depth is the container's depth in the
+-- document, which gives its indentation.
+--
+-- In such a text a line is a container's bracket or one member or element
+-- (strings hold no line break, which would be escaped), and a quote can
+-- only open or close a string.  So a bracket followed by a line break
+-- opens a container, the first one found opens a container of the next
+-- depth, and the line of that depth's indentation and closing bracket
+-- closes it: each is replaced by its canonical text, which has no line
+-- break.  Then the members or elements are the pieces between a comma, a
+-- line break and the indentation, and in an object a quote; each name is
+-- already written as RFC 8785 writes it.  An object's pieces, name U+0001
+-- value, are sorted by array_to_tsvector, which sorts strings byte by
+-- byte with a shorter one first on a common prefix: code point order of
+-- the names (U+0001 is below every byte of a name, and no two names are
+-- equal).  The text is searched as bytes: positions in text of more than
+-- one byte per character cost a walk from its start.
+CREATE FUNCTION idem__pretty(pretty bytea, depth integer) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    indent bytea := '\x0a'::bytea || decode(repeat('20', 4 * depth + 4), 'hex');
+    body bytea;
+    nested bytea;
+    open integer;
+    other integer;
+    close integer;
+BEGIN
+    -- between the opening line's break and indentation and the closing line's
+    body := substring(pretty FROM 4 * depth + 7 FOR greatest(length(pretty) - 8 * depth - 8, 0));
+    LOOP
+        open := position('\x7b0a'::bytea IN body);                     -- {\n
+        other := position('\x5b0a'::bytea IN body);                    -- [\n
+        IF open = 0 OR (other > 0 AND other < open) THEN
+            open := other;
+        END IF;
+        EXIT WHEN open = 0;
+        close := open + length(indent)
+                 + position(indent || CASE get_byte(body, open - 1) WHEN 123 THEN '\x7d'::bytea ELSE '\x5d'::bytea END
+                            IN substring(body FROM open));
+        nested := substring(body FROM open FOR close - open);
+        -- a container without containers is written here, without a call
+        IF position('\x7b0a'::bytea IN substring(nested FROM 2)) = 0
+           AND position('\x5b0a'::bytea IN substring(nested FROM 2)) = 0 THEN
+            nested := idem__pretty_join(substring(nested FROM 4 * depth + 11
+                                                  FOR greatest(length(nested) - 8 * depth - 16, 0)),
+                                        depth + 1, get_byte(nested, 0));
+        ELSE
+            nested := idem__pretty(nested, depth + 1);
+        END IF;
+        body := substring(body FROM 1 FOR open - 1) || nested || substring(body FROM close);
+    END LOOP;
+    RETURN idem__pretty_join(body, depth, get_byte(pretty, 0));
+END;
+$$;
+
+-- The canonical text of an object depth levels down, its members sorted
+-- by a query on their names mapped to UTF-16 order.
+CREATE FUNCTION idem__object_by_query(doc jsonb, depth integer) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+BEGIN
+    RETURN '{' || coalesce((
+        SELECT string_agg(to_json(e.key)::text || ':' || idem__value(e.value, depth + 1), ','
+                          ORDER BY idem__utf16_key(e.key) COLLATE "C")
+          FROM jsonb_each(doc) AS e), '') || '}';
+END;
+$$;
+
+-- The canonical text of a container, walked with an explicit stack: the
+-- containers open on the way down, the names of each open object in
+-- canonical order, and the next member or element of each.
+CREATE FUNCTION idem__container_deep(doc jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    parts text[] := '{}';
+    containers jsonb[] := '{}';
+    names jsonb[] := '{}';
+    next_member integer[] := '{}';
+    sizes integer[] := '{}';
+    top integer := 0;
+    child jsonb := doc;         -- the container to open next
+    name text;
+    i integer;
+BEGIN
+    LOOP
+        IF child IS NOT NULL THEN
+            top := top + 1;
+            containers[top] := child;
+            next_member[top] := 0;
+            IF jsonb_typeof(child) = 'object' THEN
+                names[top] := (SELECT coalesce(jsonb_agg(k ORDER BY idem__utf16_key(k) COLLATE "C"), '[]')
+                                 FROM jsonb_object_keys(child) AS k);
+                sizes[top] := jsonb_array_length(names[top]);
+                parts := parts || '{'::text;
+            ELSE
+                names[top] := NULL;
+                sizes[top] := jsonb_array_length(child);
+                parts := parts || '['::text;
+            END IF;
+            child := NULL;
+        END IF;
+
+        i := next_member[top];
+        IF i = sizes[top] THEN
+            parts := parts || CASE WHEN names[top] IS NULL THEN ']' ELSE '}' END;
+            top := top - 1;
+            EXIT WHEN top = 0;
+            CONTINUE;
+        END IF;
+        next_member[top] := i + 1;
+        IF i > 0 THEN
+            parts := parts || ','::text;
+        END IF;
+
+        IF names[top] IS NULL THEN
+            child := containers[top] -> i;
+        ELSE
+            name := names[top] ->> i;
+            parts := parts || (to_json(name)::text || ':');
+            child := containers[top] -> name;
+        END IF;
+        IF jsonb_typeof(child) NOT IN ('object', 'array') THEN
+            parts := parts || idem__value(child, 0);
+            child := NULL;
+        END IF;
+    END LOOP;
+    RETURN array_to_string(parts, '');
+END;
+$$;
+
+-- The canonical text of a value found depth levels down (created after the
+-- functions it calls, since the body of a SQL function is checked).
+CREATE FUNCTION idem__value(member jsonb, depth integer) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+SELECT CASE jsonb_typeof(member)
+    WHEN 'object' THEN idem__container(member, depth)
+    WHEN 'array' THEN idem__container(member, depth)
+    WHEN 'number' THEN idem__number(member::text)
+    ELSE member::text           -- strings, true, false, null
+END
+$$;
+
+-- The canonical text of a container, in the database encoding, when the
+-- document is plain, else NULL.  A plain document has no backslash in its
+-- text (so no escape: no quote, backslash or control character in any
+-- name or string), no character from U+E000 on (so code point order is
+-- UTF-16 order), no number that needs an exponent (from 1e21 on, or below
+-- 1e-6), and is short enough for every piece idem__pretty sorts to fit in
+-- a lexeme (2047 bytes).  Most requests are, and for them the whole text
+-- is written by string functions, one call per container.
+CREATE FUNCTION idem__plain(doc jsonb) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    pretty text;
+    bytes bytea;
+BEGIN
+    -- indentation grows with depth: a deep document's text would be huge
+    IF pg_column_size(doc) > 6000 THEN
+        RETURN NULL;
+    END IF;
+    pretty := jsonb_pretty(doc);
+    IF octet_length(pretty) > 2000 OR strpos(pretty, '\') > 0 THEN
+        RETURN NULL;
+    END IF;
+    -- a number needing an exponent has 22 digits in a row, or "0.000000":
+    -- only a text that has them is searched for such a number
+    IF (strpos(pretty, '0.000000') > 0
+        OR strpos(translate(pretty, '123456789', '000000000'), '0000000000000000000000') > 0)
+       AND jsonb_path_exists(doc, '$.** ? (@.type() == "number" && (@ >= 1e21 || @ <= -1e21 || (@ < 0.000001 && @ > -0.000001 && @ != 0)))') THEN
+        RETURN NULL;
+    END IF;
+    -- a number ends a line: drop the zeros that end its fraction
+    IF strpos(pretty, E'0\n') > 0 OR strpos(pretty, E'0,\n') > 0 THEN
+        pretty := regexp_replace(pretty, '(\.[0-9]*[1-9])0+(?=,?\n)|\.0+(?=,?\n)', '\1', 'g');
+    END IF;
+    bytes := convert_to(replace(pretty, '": ', chr(1)), getdatabaseencoding());
+    -- lead bytes of the characters from U+E000 on in UTF-8 (a regular
+    -- expression on text of more than one byte per character costs more)
+    IF octet_length(pretty) <> length(pretty)
+       AND (position('\xee'::bytea IN bytes) > 0 OR position('\xef'::bytea IN bytes) > 0
+            OR position('\xf0'::bytea IN bytes) > 0 OR position('\xf1'::bytea IN bytes) > 0
+            OR position('\xf2'::bytea IN bytes) > 0 OR position('\xf3'::bytea IN bytes) > 0
+            OR position('\xf4'::bytea IN bytes) > 0) THEN
+        RETURN NULL;
+    END IF;
+    RETURN idem__pretty(bytes, 0);
+END;
+$$;
+
+-- RFC 8785 canonical JSON text of a value, with numbers kept exact.
+CREATE FUNCTION idem_canonical(value jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+BEGIN
+    IF jsonb_typeof(value) NOT IN ('object', 'array') THEN
+        RETURN idem__value(value, 0);
+    END IF;
+    RETURN coalesce(convert_from(idem__plain(value), getdatabaseencoding()), idem__container(value, 0));
+END;
+$$;
+
+COMMENT ON FUNCTION idem_canonical(jsonb) IS
+    'RFC 8785 canonical JSON text of a jsonb value, with numbers kept exact';
+
+-- SHA-256 of the canonical text: the request fingerprint of idem_claim.
+-- The bytes hashed are the text's in the database encoding, as the C
+-- edition hashes them (UTF-8 in the databases that hold non-ASCII text).
+CREATE FUNCTION idem_fingerprint(value jsonb) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+BEGIN
+    IF jsonb_typeof(value) NOT IN ('object', 'array') THEN
+        RETURN sha256(convert_to(idem__value(value, 0), getdatabaseencoding()));
+    END IF;
+    RETURN sha256(coalesce(idem__plain(value), convert_to(idem__container(value, 0), getdatabaseencoding())));
+END;
+$$;
+
+COMMENT ON FUNCTION idem_fingerprint(jsonb) IS
+    'SHA-256 of idem_canonical(value) in UTF-8: the request fingerprint';
+
+-- A deterministic key for a downstream call or an outbox event, derived
+-- from the command's idempotency key and a step name: the SHA-256 of a
+-- domain string (with its terminating NUL byte, as the C edition hashes
+-- it) and of key and step, each prefixed by its length in 4 bytes, so that
+-- ("ab", "c") and ("a", "bc") differ; its first 16 bytes as a UUID of
+-- version 8.  Not STRICT: a NULL key must not quietly give a NULL key.
+CREATE FUNCTION idem_derive_key(key text, step text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+    setting text := nullif(btrim(current_setting('idempotency.max_key_length', true)), '');
+    max_length integer := 255;
+    key_bytes bytea;
+    step_bytes bytea;
+    digest bytea;
+    bad text;
+BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'key must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF step IS NULL THEN
+        RAISE EXCEPTION 'step must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF setting IS NOT NULL THEN
+        IF setting !~ '^[+-]?[0-9]{1,9}$' THEN
+            RAISE EXCEPTION 'invalid value for parameter "idempotency.max_key_length": "%"', setting
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        max_length := setting::integer;
+        IF max_length NOT BETWEEN 1 AND 8192 THEN
+            RAISE EXCEPTION '% is outside the valid range for parameter "idempotency.max_key_length" (1 .. 8192)',
+                max_length USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    key_bytes := convert_to(key, getdatabaseencoding());
+    IF length(key_bytes) = 0 THEN
+        RAISE EXCEPTION 'idempotency key must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(key_bytes) > max_length THEN
+        RAISE EXCEPTION 'idempotency key is too long'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('The key is %s bytes long; the limit is %s.', length(key_bytes), max_length),
+                  HINT = 'Raise idempotency.max_key_length to accept longer keys.';
+    END IF;
+    -- the first byte outside printable ASCII begins the first such character
+    bad := substring(key FROM '[^\x20-\x7e]');
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'idempotency key must be printable ASCII'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('Byte %s of the key is 0x%s.', strpos(key, bad),
+                                  lpad(to_hex(get_byte(convert_to(bad, getdatabaseencoding()), 0)), 2, '0'));
+    END IF;
+
+    step_bytes := convert_to(step, getdatabaseencoding());
+    IF length(step_bytes) = 0 THEN
+        RAISE EXCEPTION 'step must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(step_bytes) > max_length THEN
+        RAISE EXCEPTION 'step is too long'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('It is %s bytes long; the limit is %s.', length(step_bytes), max_length);
+    END IF;
+    bad := substring(step FROM '[\x01-\x1f\x7f]');
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'step must not contain control characters'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('Byte %s is 0x%s.', octet_length(left(step, strpos(step, bad) - 1)) + 1,
+                                  lpad(to_hex(ascii(bad)), 2, '0'));
+    END IF;
+
+    digest := sha256('\x6964656d706f74656e6379206465726976655f6b657920763100'::bytea
+                     || int4send(length(key_bytes)) || key_bytes
+                     || int4send(length(step_bytes)) || step_bytes);
+    digest := set_byte(digest, 6, (get_byte(digest, 6) & 15) | 128);      -- version 8
+    digest := set_byte(digest, 8, (get_byte(digest, 8) & 63) | 128);      -- variant 10
+    RETURN encode(substring(digest FROM 1 FOR 16), 'hex')::uuid::text;
+END;
+$$;
