@@ -1765,6 +1765,88 @@ LANGUAGE sql IMMUTABLE
 RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
            'IDEMPOTENCY_REQUEST_IN_PROGRESS', 1, NULL, NULL)::idem_decision;
 
+-- Insert attempt 1 of a new command, or an inbox message (p_inbox:
+-- succeeded at once, without token or lease).  Answers proceed; in_progress
+-- when another transaction is inserting the key and has not ended by the
+-- deadline; a NULL outcome when a record of the key was committed since
+-- the caller's read (read it again).  The wait for the other transaction
+-- is bounded by lock_timeout, set for the insert alone; the block's
+-- exception handler is also what keeps a constraint error's DETAIL (the
+-- row's values, the token's secret among them) from the client.
+CREATE OR REPLACE FUNCTION idem__insert_new(p_role regrole, p_operation text, p_key text,
+                                            p_tenant text, p_caller text, p_fingerprint bytea,
+                                            p_ttl interval, p_lease_us bigint,
+                                            p_deadline timestamptz, p_policy idem_lease_policy,
+                                            p_inbox boolean, now_ts timestamptz)
+RETURNS idem_decision
+LANGUAGE plpgsql AS $$
+DECLARE
+    secret bytea;
+    saved_timeout text := pg_catalog.current_setting('lock_timeout');
+    new_id bigint;
+    same_row boolean;
+    dummy text;
+    e_state text;
+    e_message text;
+    e_constraint text;
+    e_table text;
+    e_column text;
+    e_schema text;
+BEGIN
+    IF pg_catalog.current_setting('transaction_read_only') = 'on' OR pg_catalog.pg_is_in_recovery() THEN
+        PERFORM idem__require_writable('claim an idempotency key');
+    END IF;
+    IF NOT p_inbox THEN
+        secret := pg_catalog.uuid_send(pg_catalog.gen_random_uuid());
+    END IF;
+    BEGIN
+        dummy := pg_catalog.set_config('lock_timeout',
+                                       GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - now_ts) * 1000))::text || 'ms',
+                                       true);
+        INSERT INTO idem_records AS t
+               (role, tenant, caller, operation, key, fingerprint, state, attempt,
+                attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
+                updated_at, completed_at, expires_at)
+        VALUES (p_role, p_tenant, p_caller, p_operation, p_key, p_fingerprint,
+                CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state, 1,
+                secret,
+                CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
+                p_policy, p_ttl, now_ts, now_ts, now_ts,
+                CASE WHEN p_inbox THEN now_ts END, now_ts + p_ttl)
+        ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING
+        RETURNING t.id, (t.role = p_role AND t.tenant = p_tenant AND t.caller = p_caller
+                         AND t.operation = p_operation AND t.key = p_key)
+             INTO new_id, same_row;
+        dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
+    EXCEPTION
+        WHEN lock_not_available THEN
+            -- another transaction is inserting the key and has not ended
+            RETURN idem__answer_busy();
+        WHEN integrity_constraint_violation THEN
+            GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
+                e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
+                e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
+            PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
+                                                 e_table, e_column, e_schema);
+    END;
+    IF new_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF same_row IS NOT TRUE THEN
+        RAISE EXCEPTION 'a trigger on idem_records changed or skipped a new idempotency record'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'A BEFORE INSERT trigger changed the record''s id, scope or key, or returned NULL; the claim''s key would not be the key written.',
+                  HINT = 'Drop the trigger, or leave the id, the scope and the key of a new row as they are.';
+    END IF;
+    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM idem__outcome_written();
+    END IF;
+    RETURN ROW('proceed',
+               CASE WHEN NOT p_inbox THEN new_id::text || '.1.' || pg_catalog.encode(secret, 'hex') END,
+               new_id, 'processing', 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idem_decision;
+END
+$$;
+
 -- Claim a scope and key whose arguments are checked: read, decide, write
 -- what the decision needs, answer.  p_inbox: an idem_inbox message,
 -- recorded succeeded at once without token or lease.  Runs inside the
@@ -1773,7 +1855,7 @@ CREATE OR REPLACE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_k
                                 p_caller text, p_fingerprint bytea, p_ttl interval,
                                 p_lease_us bigint, p_wait_us bigint,
                                 p_policy idem_lease_policy, p_proceed_expired boolean,
-                                p_inbox boolean, p_absent boolean DEFAULT false)
+                                p_inbox boolean)
 RETURNS idem_decision
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1785,15 +1867,12 @@ DECLARE
     rounds integer := 0;
     step_ms integer := 5;
     secret bytea;
-    new_id bigint;
-    same_row boolean;
     skipped boolean := false;
     attempt_no integer;
     rp text;
     saved_timeout text;
     timeout_ms bigint;
     d idem_decision;
-    dummy text;
     e_state text;
     e_message text;
     e_constraint text;
@@ -1803,13 +1882,6 @@ DECLARE
 BEGIN
     LOOP
         now_ts := pg_catalog.clock_timestamp();
-        IF p_absent THEN
-            -- the caller has just found no record: insert at once
-            p_absent := false;
-            outcome := 'proceed';
-            action := 'insert';
-            r := NULL;
-        ELSE
         SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
                t.on_lease_expiry, t.response_status, t.response_headers, t.response_body,
                t.resource_id, t.response_raw_body, t.expires_at
@@ -1857,7 +1929,6 @@ BEGIN
         ELSE
             outcome := 'unknown';
             action := 'mark_unknown';
-        END IF;
         END IF;
 
         -- an inbox message id held by a record only idem_claim makes
@@ -1920,51 +1991,10 @@ BEGIN
         END IF;
 
         IF action = 'insert' THEN
-            saved_timeout := pg_catalog.current_setting('lock_timeout');
-            timeout_ms := GREATEST(1, pg_catalog.ceil(extract(epoch FROM deadline - now_ts) * 1000));
-            BEGIN
-                dummy := pg_catalog.set_config('lock_timeout', timeout_ms::text || 'ms', true);
-                INSERT INTO idem_records AS t
-                       (role, tenant, caller, operation, key, fingerprint, state, attempt,
-                        attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
-                        updated_at, completed_at, expires_at)
-                VALUES (p_role, p_tenant, p_caller, p_operation, p_key, p_fingerprint,
-                        CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state, 1,
-                        secret,
-                        CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
-                        p_policy, p_ttl, now_ts, now_ts, now_ts,
-                        CASE WHEN p_inbox THEN now_ts END, now_ts + p_ttl)
-                ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING
-                RETURNING t.id, (t.role = p_role AND t.tenant = p_tenant AND t.caller = p_caller
-                                 AND t.operation = p_operation AND t.key = p_key)
-                     INTO new_id, same_row;
-                dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
-            EXCEPTION
-                WHEN lock_not_available THEN
-                    -- another transaction is inserting the key and has not ended
-                    RETURN idem__answer_busy();
-                WHEN integrity_constraint_violation THEN
-                    GET STACKED DIAGNOSTICS e_state = RETURNED_SQLSTATE, e_message = MESSAGE_TEXT,
-                        e_constraint = CONSTRAINT_NAME, e_table = TABLE_NAME,
-                        e_column = COLUMN_NAME, e_schema = SCHEMA_NAME;
-                    PERFORM idem__reraise_without_values(e_state, e_message, e_constraint,
-                                                         e_table, e_column, e_schema);
-            END;
-            IF new_id IS NOT NULL THEN
-                IF same_row IS NOT TRUE THEN
-                    RAISE EXCEPTION 'a trigger on idem_records changed or skipped a new idempotency record'
-                        USING ERRCODE = 'object_not_in_prerequisite_state',
-                              DETAIL = 'A BEFORE INSERT trigger changed the record''s id, scope or key, or returned NULL; the claim''s key would not be the key written.',
-                              HINT = 'Drop the trigger, or leave the id, the scope and the key of a new row as they are.';
-                END IF;
-                IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
-                    PERFORM idem__outcome_written();
-                END IF;
-                RETURN ROW('proceed',
-                           CASE WHEN NOT p_inbox
-                                THEN new_id::text || '.1.' || pg_catalog.encode(secret, 'hex') END,
-                           new_id, 'processing', 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                           NULL)::idem_decision;
+            d := idem__insert_new(p_role, p_operation, p_key, p_tenant, p_caller, p_fingerprint,
+                                  p_ttl, p_lease_us, deadline, p_policy, p_inbox, now_ts);
+            IF d.outcome IS NOT NULL THEN
+                RETURN d;
             END IF;
             -- a record committed since the read: read it
             skipped := true;
@@ -2214,10 +2244,16 @@ BEGIN
        AND t.tenant = p_tenant AND t.role = p_role;
     IF found_row.settled THEN
         RETURN found_row.answer;
+    ELSIF NOT FOUND THEN
+        found_row := idem__insert_new(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
+                                      interval '86400 seconds', 30000000, now_ts, 'unknown',
+                                      false, now_ts);
+        IF found_row.outcome IS NOT NULL THEN
+            RETURN found_row;
+        END IF;
     END IF;
     RETURN idem__claim_key(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
-                           interval '86400 seconds', 30000000, 0, 'unknown', false, false,
-                           NOT FOUND);
+                           interval '86400 seconds', 30000000, 0, 'unknown', false, false);
 END
 $$;
 
@@ -2572,8 +2608,10 @@ END;
 -- Only the definer functions run these, as the owner of idem_records.
 REVOKE ALL ON FUNCTION
     idem__claim_key(regrole, text, text, text, text, bytea, interval, bigint, bigint,
-                    idem_lease_policy, boolean, boolean, boolean),
-    idem__claim_plain(regrole, text, text, text, bytea)
+                    idem_lease_policy, boolean, boolean),
+    idem__claim_plain(regrole, text, text, text, bytea),
+    idem__insert_new(regrole, text, text, text, text, bytea, interval, bigint, timestamptz,
+                     idem_lease_policy, boolean, timestamptz)
     FROM PUBLIC;
 
 -- src/50_attempt.sql
