@@ -3,9 +3,9 @@
 # the C edition's and against sha256 of the jsonb text, per call.
 #
 # Starts a throwaway cluster (scripts/lib.sh) with the C edition in schema
-# c and the SQL edition's canonical functions (sql_edition/src/
-# 20_canonical.sql) in schema sqled, their search_path pinned as the
-# edition's installer pins it, and stores three request-like documents of
+# c and the SQL edition's canonical functions in schema sqled
+# (test/editions/canonical_schemas.sh), and stores three request-like
+# documents of
 # about 300 bytes, 1 KB and 10 KB of JSON text.  For each expression and
 # document, one backend runs a loop of calls in one statement; the time the
 # backend spent on a CPU (/proc/PID/schedstat, so that other work on a
@@ -21,6 +21,7 @@
 # default 20000), KEEP_TMP=1.
 set -euo pipefail
 . "$(dirname "$0")/../scripts/lib.sh"
+. "$(dirname "$0")/../test/editions/canonical_schemas.sh"
 
 CALLS=${BENCH_CALLS:-20000}
 
@@ -33,21 +34,8 @@ start_cluster
 BINDIR=$("$PG_CONFIG" --bindir)
 psql_q() { as_postgres "$BINDIR/psql" -U postgres -X -q -v ON_ERROR_STOP=1 "$@"; }
 
-psql_q -c "CREATE SCHEMA c; CREATE EXTENSION idempotency SCHEMA c; CREATE SCHEMA sqled;"
-as_postgres env PGOPTIONS="-c search_path=sqled" "$BINDIR/psql" -U postgres -X -q \
-    -v ON_ERROR_STOP=1 -f "$IDEM_TMP/src/sql_edition/src/20_canonical.sql"
+install_canonical_schemas
 psql_q <<'SQL'
-DO $$
-DECLARE
-    f regprocedure;
-BEGIN
-    FOR f IN SELECT p.oid FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-              WHERE p.pronamespace = 'sqled'::regnamespace AND l.lanname <> 'sql' LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = sqled, pg_catalog, pg_temp', f);
-    END LOOP;
-END;
-$$;
-
 -- A payment request with n order lines: a handful of scalar members, one
 -- nested object, and an array of objects that grows with n.
 CREATE TABLE docs (name text PRIMARY KEY, doc jsonb NOT NULL);

@@ -2,11 +2,9 @@
 # test/editions/canonical_differential.sh: the SQL edition's canonical form
 # against the C edition's, byte for byte, in one database.
 #
-# Starts a throwaway cluster (scripts/lib.sh), creates the C extension in
-# schema c and loads the SQL edition's canonical functions
-# (sql_edition/src/20_canonical.sql, which needs nothing else of the
-# edition) into schema sqled, with their search_path pinned as the
-# edition's installer pins it.  Then:
+# Starts a throwaway cluster (scripts/lib.sh), with the C extension in
+# schema c and the SQL edition's canonical functions in schema sqled
+# (canonical_schemas.sh).  Then:
 #
 #   1. canonical_differential.sql: idem_canonical and idem_fingerprint of
 #      both editions on edge documents, numbers of 1 to 40 significant
@@ -17,13 +15,14 @@
 #      on the search_path; their output must be expected/*.out.
 #
 # Usage: test/editions/canonical_differential.sh [COUNT [SEED]]
-#        (default 3000 0.5; SEED between -1 and 1, for setseed)
+#        (default 4000 0.5; SEED between -1 and 1, for setseed)
 # Environment: PG_CONFIG (as scripts/test.sh), KEEP_TMP=1.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/../../scripts/lib.sh"
+. "$HERE/canonical_schemas.sh"
 
-COUNT=${1:-3000}
+COUNT=${1:-4000}
 SEED=${2:-0.5}
 
 trap cleanup EXIT
@@ -35,23 +34,7 @@ start_cluster
 BINDIR=$("$PG_CONFIG" --bindir)
 psql_q() { as_postgres "$BINDIR/psql" -U postgres -X -q -v ON_ERROR_STOP=1 "$@"; }
 
-log "the C edition in schema c, the SQL edition's canonical functions in schema sqled"
-psql_q -c "CREATE SCHEMA c; CREATE EXTENSION idempotency SCHEMA c; CREATE SCHEMA sqled;"
-as_postgres env PGOPTIONS="-c search_path=sqled" "$BINDIR/psql" -U postgres -X -q \
-    -v ON_ERROR_STOP=1 -f "$IDEM_TMP/src/sql_edition/src/20_canonical.sql"
-# The LANGUAGE sql helpers stay unpinned so that they are inlined.
-psql_q <<'SQL'
-DO $$
-DECLARE
-    f regprocedure;
-BEGIN
-    FOR f IN SELECT p.oid FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-              WHERE p.pronamespace = 'sqled'::regnamespace AND l.lanname <> 'sql' LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = sqled, pg_catalog, pg_temp', f);
-    END LOOP;
-END;
-$$;
-SQL
+install_canonical_schemas
 
 log "comparing the editions on $COUNT random documents and the fixed ones (seed $SEED)"
 OUT=$IDEM_TMP/canonical_differential.out
@@ -59,6 +42,12 @@ psql_q -v count="$COUNT" -v seed="$SEED" -f "$IDEM_TMP/src/test/editions/canonic
     | tee "$OUT"
 if ! grep -q '^documents [0-9]* canonical_bytes [0-9]* mismatches 0$' "$OUT"; then
     log "FAILED: the editions differ (above)"
+    exit 1
+fi
+# Both ways of the SQL edition must have been compared, each on hundreds
+# of documents at least.
+if ! grep -Eq '^containers written by the string path ([5-9][0-9]{2}|[0-9]{4,}), from the jsonb ([5-9][0-9]{2}|[0-9]{4,})$' "$OUT"; then
+    log "FAILED: too few documents took one of the SQL edition's two paths (above)"
     exit 1
 fi
 

@@ -77,6 +77,12 @@ SELECT CASE WHEN random() < 0.5 THEN '-' ELSE '' END || '0.' || repeat('0', z) |
 
 ALTER TABLE numbers ADD COLUMN id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY;
 SELECT set_config('differential.numbers', count(*)::text, false) AS numbers FROM numbers \gset
+-- the numbers written without an exponent, for the plain documents
+CREATE TEMP TABLE plain_numbers AS
+SELECT row_number() OVER () AS id, num FROM numbers
+ WHERE abs(num::numeric) < 1e21 AND (abs(num::numeric) >= 0.000001 OR num::numeric = 0);
+ALTER TABLE plain_numbers ADD PRIMARY KEY (id);
+SELECT set_config('differential.plain_numbers', count(*)::text, false) FROM plain_numbers;
 
 INSERT INTO docs (kind, doc) SELECT 'number', num::jsonb FROM numbers;
 -- numbers inside the plain documents' text as well, several per object
@@ -99,7 +105,7 @@ SELECT 'numbers', jsonb_agg(num::jsonb)
 CREATE FUNCTION pg_temp.rchar(plain boolean) RETURNS text LANGUAGE sql AS $$
     SELECT CASE WHEN plain THEN
         CASE (random() * 5)::int
-            WHEN 0 THEN chr(32 + (random() * 94)::int)
+            WHEN 0 THEN translate(chr(32 + (random() * 94)::int), '"\', '''/')
             WHEN 1 THEN chr(97 + (random() * 25)::int)
             WHEN 2 THEN chr(160 + (random() * 400)::int)
             WHEN 3 THEN chr(913 + (random() * 50)::int)
@@ -132,6 +138,11 @@ BEGIN
     IF depth <= 0 OR r < 0.45 THEN
         r := random();
         IF r >= 0.3 AND r < 0.7 THEN
+            -- most numbers of plain documents need no exponent
+            IF plain AND random() < 0.9 THEN
+                n := 1 + (random() * (current_setting('differential.plain_numbers')::int - 1))::int;
+                RETURN (SELECT num::jsonb FROM plain_numbers WHERE id = n);
+            END IF;
             n := 1 + (random() * (current_setting('differential.numbers')::int - 1))::int;
             RETURN (SELECT num::jsonb FROM numbers WHERE id = n);
         END IF;
@@ -160,20 +171,21 @@ $$;
 
 INSERT INTO docs (kind, doc)
 SELECT CASE WHEN i % 3 = 0 THEN 'random' ELSE 'random plain' END,
-       pg_temp.rdoc(1 + (random() * 5)::int, i % 3 <> 0)
+       pg_temp.rdoc(CASE WHEN i % 3 = 0 THEN 1 + (random() * 5)::int ELSE 1 + (random() * 3)::int END,
+                    i % 3 <> 0)
   FROM generate_series(1, :count) AS i;
 
 -- Request-like documents of a few hundred bytes up to several KB.
 INSERT INTO docs (kind, doc)
 SELECT 'request', jsonb_build_object(
-           'amount', (SELECT num::jsonb FROM numbers WHERE id = 1 + i % :numbers),
+           'amount', (SELECT num::jsonb FROM plain_numbers WHERE id = 1 + i % 1000),
            'currency', 'EUR', 'capture', i % 2 = 0, 'reference', 'ref-' || i,
            'description', pg_temp.rstring(i % 4 <> 0, 40),
            'metadata', jsonb_build_object('order', i, 'channel', 'web', 'note', NULL),
            'items', (SELECT jsonb_agg(jsonb_build_object('sku', 'SKU-' || j, 'qty', j,
                                                          'price', round((random() * 1000)::numeric, 2),
                                                          'tags', jsonb_build_array('a', j % 3)))
-                       FROM generate_series(1, i % 40) AS j))
+                       FROM generate_series(1, i % 12 + (i % 10) / 9 * 40) AS j))
   FROM generate_series(1, 300) AS i;
 
 --
@@ -185,7 +197,11 @@ SELECT id, kind, doc,
        c.idem_fingerprint(doc) AS c_fp, sqled.idem_fingerprint(doc) AS sql_fp
   FROM docs;
 
+-- plain: written by the SQL edition's string path (idem__plain), the
+-- others from the jsonb; both must be well represented.
 SELECT kind, count(*) AS documents,
+       count(*) FILTER (WHERE jsonb_typeof(doc) IN ('object', 'array')
+                          AND sqled.idem__plain(doc) IS NOT NULL) AS plain,
        count(*) FILTER (WHERE c_text IS DISTINCT FROM sql_text
                            OR convert_to(c_text, 'UTF8') IS DISTINCT FROM convert_to(sql_text, 'UTF8'))
            AS text_mismatches,
@@ -238,6 +254,13 @@ SELECT count(*) AS derive_calls,
   FROM derive_results;
 SELECT stmt, c_outcome, sql_outcome FROM derive_results
  WHERE c_outcome IS DISTINCT FROM sql_outcome LIMIT 5;
+
+SELECT count(*) FILTER (WHERE jsonb_typeof(doc) IN ('object', 'array')
+                          AND sqled.idem__plain(doc) IS NOT NULL) AS plain,
+       count(*) FILTER (WHERE jsonb_typeof(doc) IN ('object', 'array')
+                          AND sqled.idem__plain(doc) IS NULL) AS general
+  FROM results \gset
+\echo containers written by the string path :plain, from the jsonb :general
 
 SELECT count(*) AS documents,
        sum(octet_length(convert_to(c_text, 'UTF8'))) AS canonical_bytes,
