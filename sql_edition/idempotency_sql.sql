@@ -659,19 +659,23 @@ CREATE OR REPLACE TRIGGER idem_records_guard
 -- true, false and null print as themselves.  What has to be rebuilt is
 -- the rest: whitespace, member order and numbers.
 --
--- The fingerprint runs on every claim, so the common document (a few
--- hundred bytes, a handful of members, perhaps one nested container) is
--- written by one SQL statement per container, with no PL/pgSQL step per
--- member: the scalars are formatted by inlined SQL expressions inside
--- that statement.  Nested containers recurse; below idem__max_recursion
--- levels the walk goes on with an explicit stack instead, so that the
--- deepest document jsonb accepts never overflows the server's stack.
+-- The fingerprint runs on every claim, and a query run from PL/pgSQL
+-- costs more to start and end than a request costs to write.  So the
+-- common document (idem__plain: no escape, no character from U+E000 on,
+-- under 2 KB of jsonb_pretty text) is written from its jsonb_pretty text
+-- by string functions in statements that are simple expressions, with one
+-- call per container that holds containers and no query at all.  Any
+-- other document is written from the jsonb: a query per object, which
+-- sorts its names mapped to UTF-16 order, arrays element by element;
+-- below idem__max_recursion levels the walk goes on with an explicit
+-- stack, so that the deepest document jsonb accepts never overflows the
+-- server's stack.
 --
 -- The small LANGUAGE sql helpers below are written to be inlined into the
--- statements that call them (one SELECT of an expression, IMMUTABLE, not
--- STRICT since their CASE is not, no SET clause): a search_path pinned on
--- them would stop the inlining and cost a function call, and a plan, per
--- member.  They call only pg_catalog functions.
+-- statements that call them (one SELECT of an expression, not STRICT since
+-- their CASE is not, no more volatile than their body, no SET clause): a
+-- search_path pinned on them would stop the inlining and cost a function
+-- call, and a plan, each time.  They call only pg_catalog functions.
 --
 
 -- Nesting handled by recursion before the explicit stack takes over: far
@@ -802,8 +806,9 @@ $$;
 -- depth (bracket: the byte of its opening bracket) whose members or
 -- elements are written in body as idem__pretty leaves them: one a line,
 -- containers already replaced by their canonical text (idem__pretty).
+-- STABLE as getdatabaseencoding is, so that it is inlined.
 CREATE FUNCTION idem__pretty_join(body bytea, depth integer, bracket integer) RETURNS bytea
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 SELECT convert_to(CASE
     WHEN bracket = 91 THEN
@@ -988,11 +993,12 @@ BEGIN
         RETURN NULL;
     END IF;
     -- a number needing an exponent has 22 digits in a row, or "0.000000":
-    -- only a text that has them is searched for such a number
-    IF (strpos(pretty, '0.000000') > 0
-        OR strpos(translate(pretty, '123456789', '000000000'), '0000000000000000000000') > 0)
-       AND jsonb_path_exists(doc, '$.** ? (@.type() == "number" && (@ >= 1e21 || @ <= -1e21 || (@ < 0.000001 && @ > -0.000001 && @ != 0)))') THEN
-        RETURN NULL;
+    -- an ASCII text without them is not searched for such a number (a
+    -- regular expression on other text costs more than the search)
+    IF octet_length(pretty) <> length(pretty) OR strpos(pretty, '0.000000') > 0 OR pretty ~ '[0-9]{22}' THEN
+        IF jsonb_path_exists(doc, '$.** ? (@ >= 1e21 || @ <= -1e21 || (@ < 0.000001 && @ > -0.000001 && @ != 0))') THEN
+            RETURN NULL;
+        END IF;
     END IF;
     -- a number ends a line: drop the zeros that end its fraction
     IF strpos(pretty, E'0\n') > 0 OR strpos(pretty, E'0,\n') > 0 THEN
