@@ -43,6 +43,15 @@
 #                their wait events sampled every 20 ms (its own run; PROTOCOLS
 #                defaults to prepared there).
 #
+#   editions     the SQL edition (sql_edition/) beside the C edition and the
+#                PL/pgSQL peer, in one cluster (the C edition in database
+#                bench, the SQL edition in bench_sql, loaded alike): new keys
+#                and replays of a request of about 300 bytes that differs per
+#                call, in each of PROTOCOLS, ROUNDS alternating rounds; then
+#                where the SQL edition's time goes: each of its functions'
+#                own time per transaction (track_functions), in a run of its
+#                own (not part of quick or full).
+#
 #   quick        all seven, small: a smoke test of a few minutes.
 #   full         all seven at full size (about 75 minutes on 2 cores).
 #
@@ -82,7 +91,8 @@ case $MODE in
     tps|fingerprint|cleanup|size|memory|responses|counters) PARTS=$MODE ;;
     instructions) PARTS=$MODE; : "${KEYS:=5000}" ;;
     profile) PARTS=$MODE; : "${PROTOCOLS:=prepared}" ;;
-    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters|instructions|profile]" >&2; exit 2 ;;
+    editions) PARTS=$MODE ;;
+    *) echo "usage: $0 [quick|full|tps|fingerprint|cleanup|size|memory|responses|counters|instructions|profile|editions]" >&2; exit 2 ;;
 esac
 CLIENTS=${CLIENTS:-4}
 KEYS=${KEYS:-100000}
@@ -136,7 +146,7 @@ if has_part instructions; then
         "shared_buffers = '512MB'" "autovacuum = off"
 fi
 if has_part tps || has_part cleanup || has_part size || has_part memory || has_part responses \
-    || has_part counters || has_part profile; then
+    || has_part counters || has_part profile || has_part editions; then
     start_cluster "idempotency.database = 'bench'" \
         "idempotency.naptime = '1h'" \
         "synchronous_commit = off" \
@@ -945,8 +955,110 @@ part_counters() {
     } | out
 }
 
+# --- editions: the SQL edition beside the C edition and the peer -------------
+# bench_sql holds the SQL edition, installed as its README says, with the
+# same baselines and the same records as bench (load.sql).  Results are
+# "protocol:edition:workload<TAB>tps"; c and peer run in bench, sql in
+# bench_sql, the same workload files.
+part_editions() {
+    local results=$IDEM_TMP/editions.tsv round p v ed w db dir out tps
+    : >"$results"
+    as_postgres "$bindir/createdb" bench_sql
+    psql_db bench_sql -f "$IDEM_TMP/src/sql_edition/idempotency_sql.sql" >/dev/null
+    psql_db bench_sql -f "$IDEM_TMP/src/bench/baselines.sql"
+    log "loading $KEYS finished and $KEYS running keys into bench_sql"
+    psql_db bench_sql -v keys="$KEYS" -f "$IDEM_TMP/src/bench/load.sql"
+    psql_db bench_sql -c "VACUUM ANALYZE" >/dev/null
+    psql_bench -c "ALTER SYSTEM SET autovacuum = off" -c "SELECT pg_reload_conf()" >/dev/null
+    make_simple_workloads
+    for round in $(seq 1 "$ROUNDS"); do
+        log "editions: round $round of $ROUNDS"
+        for p in $PROTOCOLS; do
+            dir=$(workload_dir "$p")
+            for v in c:new_ext_300 sql:new_ext_300 peer:new_peer_300 \
+                     c:replay_ext_300 sql:replay_ext_300 peer:replay_peer_300; do
+                ed=${v%%:*} w=${v#*:}
+                db=bench; [ "$ed" = sql ] && db=bench_sql
+                out=$(as_postgres "$bindir/pgbench" -n -M "$p" -c "$CLIENTS" -j 2 \
+                    -T "$RUN_SECONDS" -D keys="$KEYS" -f "$dir/$w.sql" "$db" 2>&1) \
+                    || { echo "$out" >&2; log "pgbench failed for $v ($p)"; return 1; }
+                tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
+                printf '%s:%s\t%s\n' "$p" "$v" "$tps" >>"$results"
+                printf '  %-9s %-22s %10.0f tps\n' "$p" "$v" "$tps" >&2
+            done
+        done
+        psql_bench -c "VACUUM ANALYZE"
+        psql_db bench_sql -c "VACUUM ANALYZE"
+    done
+    psql_bench -c "ALTER SYSTEM RESET autovacuum" -c "SELECT pg_reload_conf()" >/dev/null
+
+    # Where the SQL edition's time goes: each of its functions' own time
+    # (track_functions = all: its own run, as the tracking costs time too),
+    # per transaction of each workload, in the prepared protocol.
+    local profile=$IDEM_TMP/editions_profile.txt tx lat kids
+    : >"$profile"
+    psql_db bench_sql -c "ALTER DATABASE bench_sql SET track_functions = 'all'" >/dev/null
+    for w in new_ext_300 replay_ext_300; do
+        psql_db bench_sql -c "SELECT pg_stat_reset()" >/dev/null
+        kids=$(children)
+        out=$(as_postgres "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 \
+            -T "$RUN_SECONDS" -D keys="$KEYS" -f "$W/$w.sql" bench_sql 2>&1) \
+            || { echo "$out" >&2; return 1; }
+        tx=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
+        lat=$(echo "$out" | sed -n 's/^latency average = \([0-9.]*\) ms/\1/p')
+        # the backends report their function counts as they exit
+        wait_children "$kids"
+        {
+            echo "$w: $tx transactions, $lat ms average latency ($CLIENTS clients)"
+            echo
+            echo "| function | calls per transaction | own time per transaction (µs) | with what it calls (µs) |"
+            echo "| --- | ---: | ---: | ---: |"
+            sql_value bench_sql "SELECT format('| %s | %s | %s | %s |', funcname,
+                                          round(calls::numeric / $tx, 2),
+                                          round((self_time * 1000 / $tx)::numeric, 1),
+                                          round((total_time * 1000 / $tx)::numeric, 1))
+                                   FROM pg_stat_user_functions
+                                  WHERE funcname LIKE 'idem%' OR funcname LIKE '%canonical%'
+                                  ORDER BY self_time DESC"
+            echo
+        } >>"$profile"
+    done
+    psql_db bench_sql -c "ALTER DATABASE bench_sql RESET track_functions" >/dev/null
+    {
+        echo "### The SQL edition beside the C edition and the PL/pgSQL peer"
+        echo
+        echo "A request of about 300 bytes that differs per call; median tps of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run;"
+        echo "the C edition and the peer in one database, the SQL edition in another of the same cluster, loaded alike."
+        echo
+        echo "| protocol | new keys: C | SQL | peer | replays: C | SQL | peer |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for p in $PROTOCOLS; do
+            printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$p" \
+                "$(tps_or_dash "$p:c:new_ext_300")" "$(tps_or_dash "$p:sql:new_ext_300")" \
+                "$(tps_or_dash "$p:peer:new_peer_300")" "$(tps_or_dash "$p:c:replay_ext_300")" \
+                "$(tps_or_dash "$p:sql:replay_ext_300")" "$(tps_or_dash "$p:peer:replay_peer_300")"
+        done
+        echo
+        echo "Medians over the rounds of the ratio measured within each round:"
+        echo
+        echo "| protocol | new keys: SQL / C (≥ 0.75) | SQL / peer (≥ 1.0) | peer / C | replays: SQL / C (≥ 0.5) | SQL / peer (≥ 1.0) | peer / C |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for p in $PROTOCOLS; do
+            printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$p" \
+                "$(rr "$p:sql:new_ext_300" "$p:c:new_ext_300")" "$(rr "$p:sql:new_ext_300" "$p:peer:new_peer_300")" \
+                "$(rr "$p:peer:new_peer_300" "$p:c:new_ext_300")" \
+                "$(rr "$p:sql:replay_ext_300" "$p:c:replay_ext_300")" "$(rr "$p:sql:replay_ext_300" "$p:peer:replay_peer_300")" \
+                "$(rr "$p:peer:replay_peer_300" "$p:c:replay_ext_300")"
+        done
+        echo
+        echo "Where the SQL edition's time goes (prepared protocol, track_functions = all, a run of its own):"
+        echo
+        cat "$profile"
+    } | out
+}
+
 if has_part tps || has_part cleanup || has_part memory || has_part counters || has_part instructions \
-    || has_part profile; then needs_bench_db; fi
+    || has_part profile || has_part editions; then needs_bench_db; fi
 # BENCH_SQL: statements run in the bench database once it is loaded, e.g.
 # "ALTER TABLE idem_records ADD CONSTRAINT no_write_once CHECK (true)"
 # (a CHECK constraint the extension does not know turns writing a new key
@@ -960,6 +1072,7 @@ if has_part size; then part_size; fi
 if has_part memory; then part_memory; fi
 if has_part responses; then part_responses; fi
 if has_part counters; then part_counters; fi
+if has_part editions; then part_editions; fi
 if [ -n "$FP_REPORT" ]; then
     { echo "### Fingerprint (bench/fingerprint.sh)"; echo; echo "$FP_REPORT"; echo; } | out
 fi
