@@ -20,6 +20,7 @@ failure.
 """
 
 import argparse
+import re
 import sys
 import threading
 import time
@@ -468,6 +469,19 @@ def test_move(c):
           st == "22023", "got %s" % st)
     st = sqlstate_of(lambda: c.pay(t, "k-after-move"))
     check("  ... and so is a new key of the tenant", st == "22023", "got %s" % st)
+    # The refusal tells the application role nothing it cannot read:
+    # records_home, where the records of the shard are, is not its.
+    home = one(c.coord, "SELECT groupid FROM records_home WHERE shardid = %s", (shard,))
+    denied = sqlstate_of(lambda: one(c.app, "SELECT count(*) FROM records_home"))
+    try:
+        c.pay(t, "k-after-move")
+        said = ""
+    except psycopg2.Error as e:
+        said = " ".join(x or "" for x in (e.diag.message_primary, e.diag.message_detail, e.diag.message_hint))
+    check("  ... its message, detail and hint do not show the application role the group of the "
+          "shard's records (records_home, which it may not read)",
+          denied == "42501" and said and not re.search(r"\bgroup %d\b" % home, said),
+          "%s %r" % (denied, said))
     st = sqlstate_of(lambda: query(connect(w1, "idem_app"),
                                    "SELECT (pay(v.t, 'k-move', 100, 'EUR')).outcome FROM (SELECT %s::text AS t) v",
                                    (t,)))
