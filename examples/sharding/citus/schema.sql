@@ -131,7 +131,10 @@ $$;
 
 -- Refuse, with 22023 and before anything is written, a call for a tenant
 -- whose payments shard is not placed on this node, or whose records are
--- not on this node.
+-- not on this node.  The messages reach the application role: they name
+-- what it can read itself (the shard, pg_dist_placement, the local group),
+-- never records_home's rows, which are not its (the operator reads where
+-- the records are there).
 CREATE FUNCTION tenant_check(tenant text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -159,8 +162,8 @@ BEGIN
     IF home IS DISTINCT FROM here THEN
         RAISE EXCEPTION 'the idempotency records of tenant "%" are not on this node', tenant
             USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = format('Its shard %s is placed on group %s, its records are on group %s: idem_records does not move with a shard.',
-                                  shard, placed, coalesce(home::text, 'none')),
+                  DETAIL = format('Its shard %s is placed on this node, group %s; its records are not: idem_records does not move with a shard.',
+                                  shard, placed),
                   HINT = 'Move the shard back to the node of its records (examples/sharding/citus/README.md).';
     END IF;
 END
