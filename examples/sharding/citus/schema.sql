@@ -131,7 +131,10 @@ $$;
 
 -- Refuse, with 22023 and before anything is written, a call for a tenant
 -- whose payments shard is not placed on this node, or whose records are
--- not on this node.
+-- not on this node.  The messages reach the application role: they name
+-- what it can read itself (the shard, pg_dist_placement, the local group),
+-- never records_home's rows, which are not its (the operator reads where
+-- the records are there).
 CREATE FUNCTION tenant_check(tenant text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -159,8 +162,8 @@ BEGIN
     IF home IS DISTINCT FROM here THEN
         RAISE EXCEPTION 'the idempotency records of tenant "%" are not on this node', tenant
             USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = format('Its shard %s is placed on group %s, its records are on group %s: idem_records does not move with a shard.',
-                                  shard, placed, coalesce(home::text, 'none')),
+                  DETAIL = format('Its shard %s is placed on this node, group %s; its records are not: idem_records does not move with a shard.',
+                                  shard, placed),
                   HINT = 'Move the shard back to the node of its records (examples/sharding/citus/README.md).';
     END IF;
 END
@@ -224,7 +227,7 @@ $$;
 -- tenant passed through tenant_required().  That function is immutable, so
 -- the planner evaluates it on a constant tenant; on a NULL tenant it raises
 -- 22004 there, before Citus's delegation, which ends the backend on a NULL
--- distribution argument (Citus 13.2.2).
+-- distribution argument (Citus 13.2.2), before any check of EXECUTE.
 
 CREATE FUNCTION tenant_required(tenant text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -238,36 +241,48 @@ END
 $$;
 
 -- What pay and claim answer (a named type: PostgreSQL does not inline a
--- function that returns record).
+-- function that returns record, nor folds a STRICT one that does).
 CREATE TYPE pay_result AS (outcome text, http_status integer, payment_id text, body jsonb,
                            error_code text, retry_after integer);
 CREATE TYPE claim_result AS (outcome text, token text, http_status integer, body jsonb,
                              resource_id text, error_code text, retry_after integer);
 
+-- The arguments of each call but the tenant, in one value that is never
+-- NULL itself (a row of NULLs is not a NULL): the delegated functions take
+-- the tenant and that value, and are STRICT.  The planner then replaces a
+-- call of one with a NULL constant tenant by NULL, before Citus sees it:
+-- whoever calls them directly, with or without EXECUTE on them, never
+-- reaches Citus's delegation with a NULL distribution argument, while the
+-- other arguments may still be NULL (a body, a resource id, a lease).
+CREATE TYPE pay_call AS (key text, amount bigint, currency text);
+CREATE TYPE claim_call AS (operation text, key text, request jsonb, lease interval);
+CREATE TYPE complete_call AS (token text, http_status integer, body jsonb, resource_id text);
+CREATE TYPE fail_call AS (token text, http_status integer, body jsonb, retryable boolean);
+
 --
 -- The one-transaction pattern: a payment of the tenant, claimed, written and
 -- completed in the one transaction of this call, on the tenant's node.
 --
-CREATE FUNCTION pay_delegated(tenant text, key text, amount bigint, currency text)
+CREATE FUNCTION pay_delegated(tenant text, call pay_call)
 RETURNS pay_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql STRICT AS $$
 DECLARE
     d idem_decision;
     r pay_result;
 BEGIN
     PERFORM tenant_check(pay_delegated.tenant);
     SELECT * INTO d
-      FROM idem_claim('payments.create', pay_delegated.key,
-                      jsonb_build_object('amount', pay_delegated.amount,
-                                         'currency', pay_delegated.currency),
+      FROM idem_claim('payments.create', call.key,
+                      jsonb_build_object('amount', call.amount,
+                                         'currency', call.currency),
                       tenant => pay_delegated.tenant);
     IF d.outcome = 'proceed' THEN
         INSERT INTO payments (tenant, idempotency_key, amount, currency)
-             VALUES (pay_delegated.tenant, pay_delegated.key, pay_delegated.amount,
-                     pay_delegated.currency)
+             VALUES (pay_delegated.tenant, call.key, call.amount,
+                     call.currency)
           RETURNING id INTO r.payment_id;
-        r.body := jsonb_build_object('id', r.payment_id, 'amount', pay_delegated.amount,
-                                     'currency', pay_delegated.currency);
+        r.body := jsonb_build_object('id', r.payment_id, 'amount', call.amount,
+                                     'currency', call.currency);
         PERFORM idem_complete(d.token, 201, r.body, resource_id => r.payment_id);
         r.outcome := 'proceed';
         r.http_status := 201;
@@ -289,41 +304,38 @@ $$;
 -- token names a record of the tenant's node: the tenant travels with it,
 -- and Citus delegates the completion by the tenant.
 --
-CREATE FUNCTION claim_delegated(tenant text, operation text, key text, request jsonb,
-                                lease interval) RETURNS claim_result
-LANGUAGE plpgsql AS $$
+CREATE FUNCTION claim_delegated(tenant text, call claim_call) RETURNS claim_result
+LANGUAGE plpgsql STRICT AS $$
 DECLARE
     r claim_result;
 BEGIN
     PERFORM tenant_check(claim_delegated.tenant);
     SELECT d.outcome, d.token, d.http_status, d.body, d.resource_id, d.error_code, d.retry_after
       INTO r.outcome, r.token, r.http_status, r.body, r.resource_id, r.error_code, r.retry_after
-      FROM idem_claim(claim_delegated.operation, claim_delegated.key, claim_delegated.request,
-                      tenant => claim_delegated.tenant, lease => claim_delegated.lease) d;
+      FROM idem_claim(call.operation, call.key, call.request,
+                      tenant => claim_delegated.tenant, lease => call.lease) d;
     RETURN r;
 END
 $$;
 
-CREATE FUNCTION complete_delegated(tenant text, token text, http_status integer, body jsonb,
-                                   resource_id text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+CREATE FUNCTION complete_delegated(tenant text, call complete_call) RETURNS boolean
+LANGUAGE plpgsql STRICT AS $$
 BEGIN
     PERFORM tenant_check(complete_delegated.tenant);
-    PERFORM tenant_check_token(complete_delegated.tenant, complete_delegated.token);
-    PERFORM idem_complete(complete_delegated.token, complete_delegated.http_status,
-                          complete_delegated.body, resource_id => complete_delegated.resource_id);
+    PERFORM tenant_check_token(complete_delegated.tenant, call.token);
+    PERFORM idem_complete(call.token, call.http_status,
+                          call.body, resource_id => call.resource_id);
     RETURN true;
 END
 $$;
 
-CREATE FUNCTION fail_delegated(tenant text, token text, http_status integer, body jsonb,
-                               retryable boolean) RETURNS boolean
-LANGUAGE plpgsql AS $$
+CREATE FUNCTION fail_delegated(tenant text, call fail_call) RETURNS boolean
+LANGUAGE plpgsql STRICT AS $$
 BEGIN
     PERFORM tenant_check(fail_delegated.tenant);
-    PERFORM tenant_check_token(fail_delegated.tenant, fail_delegated.token);
-    PERFORM idem_fail(fail_delegated.token, fail_delegated.http_status, fail_delegated.body,
-                      retryable => fail_delegated.retryable);
+    PERFORM tenant_check_token(fail_delegated.tenant, call.token);
+    PERFORM idem_fail(call.token, call.http_status, call.body,
+                      retryable => call.retryable);
     RETURN true;
 END
 $$;
@@ -336,10 +348,10 @@ DO $do$
 DECLARE
     f text;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['pay_delegated(text, text, bigint, text)',
-                             'claim_delegated(text, text, text, jsonb, interval)',
-                             'complete_delegated(text, text, integer, jsonb, text)',
-                             'fail_delegated(text, text, integer, jsonb, boolean)'] LOOP
+    FOREACH f IN ARRAY ARRAY['pay_delegated(text, pay_call)',
+                             'claim_delegated(text, claim_call)',
+                             'complete_delegated(text, complete_call)',
+                             'fail_delegated(text, fail_call)'] LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, %I, pg_temp',
                        f, current_schema(),
                        (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
@@ -353,35 +365,35 @@ $do$;
 -- delegated by the tenant, in its shard's colocation group;
 -- force_delegation: also inside a transaction block, which then runs on
 -- the tenant's node until it ends.
-SELECT create_distributed_function('pay_delegated(text, text, bigint, text)', 'tenant',
+SELECT create_distributed_function('pay_delegated(text, pay_call)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
-SELECT create_distributed_function('claim_delegated(text, text, text, jsonb, interval)', 'tenant',
+SELECT create_distributed_function('claim_delegated(text, claim_call)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
-SELECT create_distributed_function('complete_delegated(text, text, integer, jsonb, text)', 'tenant',
+SELECT create_distributed_function('complete_delegated(text, complete_call)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
-SELECT create_distributed_function('fail_delegated(text, text, integer, jsonb, boolean)', 'tenant',
+SELECT create_distributed_function('fail_delegated(text, fail_call)', 'tenant',
                                    colocate_with => 'payments', force_delegation => true);
 
 -- What the application calls.  Inlined, so: LANGUAGE sql, one SELECT of
 -- one call, neither SECURITY DEFINER nor SET nor STRICT.
 CREATE FUNCTION pay(tenant text, key text, amount bigint, currency text) RETURNS pay_result
 LANGUAGE sql AS $$
-    SELECT pay_delegated(tenant_required(tenant), key, amount, currency)
+    SELECT pay_delegated(tenant_required(tenant), ROW(key, amount, currency)::pay_call)
 $$;
 CREATE FUNCTION claim(tenant text, operation text, key text, request jsonb, lease interval)
 RETURNS claim_result
 LANGUAGE sql AS $$
-    SELECT claim_delegated(tenant_required(tenant), operation, key, request, lease)
+    SELECT claim_delegated(tenant_required(tenant), ROW(operation, key, request, lease)::claim_call)
 $$;
 CREATE FUNCTION complete(tenant text, token text, http_status integer, body jsonb,
                          resource_id text) RETURNS boolean
 LANGUAGE sql AS $$
-    SELECT complete_delegated(tenant_required(tenant), token, http_status, body, resource_id)
+    SELECT complete_delegated(tenant_required(tenant), ROW(token, http_status, body, resource_id)::complete_call)
 $$;
 CREATE FUNCTION fail(tenant text, token text, http_status integer, body jsonb,
                      retryable boolean) RETURNS boolean
 LANGUAGE sql AS $$
-    SELECT fail_delegated(tenant_required(tenant), token, http_status, body, retryable)
+    SELECT fail_delegated(tenant_required(tenant), ROW(token, http_status, body, retryable)::fail_call)
 $$;
 
 -- The helpers are idem_layout's to call; the application calls pay,

@@ -20,6 +20,7 @@ failure.
 """
 
 import argparse
+import re
 import sys
 import threading
 import time
@@ -169,13 +170,13 @@ def test_layout(c):
     refused("not delegated (the tenant from a subquery) on the worker without the tenant's shard",
             w2, "SELECT (pay(v.t, v.k, 100, 'EUR')).outcome FROM (SELECT %s::text AS t, %s::text AS k) v",
             "k-subquery-w2")
-    query(c.coord, """SELECT create_distributed_function('pay_delegated(text, text, bigint, text)', 'tenant',
+    query(c.coord, """SELECT create_distributed_function('pay_delegated(text, pay_call)', 'tenant',
                                  colocate_with => 'payments', force_delegation => false)""")
     try:
         refused("without force_delegation, inside BEGIN (the call runs on the coordinator)",
                 c.coord_port, "SELECT outcome FROM pay(%s, %s, 100, 'EUR')", "k-no-force", in_block=True)
     finally:
-        query(c.coord, """SELECT create_distributed_function('pay_delegated(text, text, bigint, text)', 'tenant',
+        query(c.coord, """SELECT create_distributed_function('pay_delegated(text, pay_call)', 'tenant',
                                      colocate_with => 'payments', force_delegation => true)""")
     # Called on the worker without the shard, with the tenant as a
     # constant, the call is delegated like on the coordinator.
@@ -297,6 +298,60 @@ def test_null_tenant(c):
           and after[w2] == before[w2], "%r -> %r" % (before, after))
 
 
+def test_null_direct(c):
+    """The delegated functions called directly with a NULL tenant, around
+    pay, claim, complete and fail: by the application role (which has
+    EXECUTE on them, as inlining needs) and by a role without EXECUTE (the
+    planner reaches Citus's delegation before any permission check).  Citus
+    13.2.2 ends the backend when it delegates a call with a NULL
+    distribution argument; the delegated functions are STRICT, so the
+    planner makes such a call NULL first: no crash, nothing written."""
+    query(c.coord, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idem_stranger') "
+                   "THEN CREATE ROLE idem_stranger LOGIN; END IF; END $$")
+    # Every argument NULL, so that the calls hold whatever the functions'
+    # other arguments are.
+    nargs = dict(query(c.coord, """SELECT proname::text, pronargs FROM pg_proc
+                                   WHERE proname IN ('pay_delegated', 'claim_delegated',
+                                                     'complete_delegated', 'fail_delegated')
+                                     AND pronamespace = 'public'::regnamespace"""))
+    nulls = {f: ", ".join(["NULL"] * (n - 1)) for f, n in nargs.items()}
+    calls = [
+        ("SELECT pay_delegated(NULL, ...)", "SELECT pay_delegated(NULL, %s)" % nulls["pay_delegated"]),
+        ("SELECT * FROM pay_delegated(NULL::text, ...)",
+         "SELECT * FROM pay_delegated(NULL::text, %s)" % nulls["pay_delegated"]),
+        ("SELECT * FROM claim_delegated(NULL, ...)",
+         "SELECT * FROM claim_delegated(NULL, %s)" % nulls["claim_delegated"]),
+        ("SELECT complete_delegated(NULL, ...)",
+         "SELECT complete_delegated(NULL, %s)" % nulls["complete_delegated"]),
+        ("SELECT * FROM fail_delegated(NULL, ...) inside BEGIN",
+         "BEGIN; SELECT * FROM fail_delegated(NULL, %s)" % nulls["fail_delegated"]),
+    ]
+    started = {p: one(x, "SELECT pg_postmaster_start_time()") for p, x in c.admin.items()}
+    before = {p: one(x, "SELECT count(*) FROM idem_records") for p, x in c.admin.items()}
+    for port in [c.coord_port] + c.worker_ports:
+        for role in ("idem_app", "idem_stranger"):
+            conn = connect(port, role)
+            for name, sql in calls:
+                st = sqlstate_of(lambda: query(conn, sql))
+                query(conn, "ROLLBACK")
+                alive = sqlstate_of(lambda: query(conn, "SELECT 1"))
+                check("node %s, as %s: %s answers NULL without error, the session goes on"
+                      % (port, role, name), st is None and alive is None and not conn.closed,
+                      "got %s, then %s" % (st, alive))
+            # A prepared statement: Citus plans each execution with the
+            # tenant as a constant.
+            query(conn, "PREPARE d(text) AS SELECT (claim_delegated($1, %s)).outcome"
+                  % nulls["claim_delegated"])
+            outs = [sqlstate_of(lambda: query(conn, "EXECUTE d(NULL)")) for _ in range(7)]
+            check("node %s, as %s: a prepared claim_delegated executed 7 times with a NULL tenant, no error"
+                  % (port, role), outs == [None] * 7, repr(outs))
+            conn.close()
+    after = {p: one(x, "SELECT count(*) FROM idem_records") for p, x in c.admin.items()}
+    check("  ... nothing written on any node", before == after, "%r -> %r" % (before, after))
+    now = {p: one(x, "SELECT pg_postmaster_start_time()") for p, x in c.admin.items()}
+    check("  ... and no node restarted", now == started, "%r -> %r" % (started, now))
+
+
 def test_concurrent(c):
     w1, w2 = c.worker_ports
     t = c.tenant_on(w2, "busy")
@@ -414,6 +469,19 @@ def test_move(c):
           st == "22023", "got %s" % st)
     st = sqlstate_of(lambda: c.pay(t, "k-after-move"))
     check("  ... and so is a new key of the tenant", st == "22023", "got %s" % st)
+    # The refusal tells the application role nothing it cannot read:
+    # records_home, where the records of the shard are, is not its.
+    home = one(c.coord, "SELECT groupid FROM records_home WHERE shardid = %s", (shard,))
+    denied = sqlstate_of(lambda: one(c.app, "SELECT count(*) FROM records_home"))
+    try:
+        c.pay(t, "k-after-move")
+        said = ""
+    except psycopg2.Error as e:
+        said = " ".join(x or "" for x in (e.diag.message_primary, e.diag.message_detail, e.diag.message_hint))
+    check("  ... its message, detail and hint do not show the application role the group of the "
+          "shard's records (records_home, which it may not read)",
+          denied == "42501" and said and not re.search(r"\bgroup %d\b" % home, said),
+          "%s %r" % (denied, said))
     st = sqlstate_of(lambda: query(connect(w1, "idem_app"),
                                    "SELECT (pay(v.t, 'k-move', 100, 'EUR')).outcome FROM (SELECT %s::text AS t) v",
                                    (t,)))
@@ -681,7 +749,7 @@ def main():
     ap.add_argument("--workers", required=True)
     args = ap.parse_args()
     c = Cluster(args.coordinator, [int(p) for p in args.workers.split(",")])
-    for test in (test_layout, test_roles, test_null_tenant, test_concurrent, test_maintenance, test_move, test_pinned,
+    for test in (test_layout, test_roles, test_null_tenant, test_null_direct, test_concurrent, test_maintenance, test_move, test_pinned,
                  test_carried, test_refusals, test_hostile):
         try:
             test(c)
