@@ -1600,11 +1600,19 @@ CREATE OR REPLACE FUNCTION idem__acting_role(role regrole, via regprocedure)
 RETURNS regrole
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF role IS NULL
-       OR NOT pg_catalog.pg_has_role(session_user, role,
+    IF role IS NULL THEN
+        -- current_user named no role: a rename of the calling role committed
+        -- between the lookup of its name and the lookup of that name (the C
+        -- edition takes the role's identity itself, which SQL cannot)
+        RAISE EXCEPTION 'could not identify the calling role'
+            USING ERRCODE = 'serialization_failure',
+                  DETAIL = 'The role was renamed while the call ran.',
+                  HINT = 'Retry the call: nothing was written.';
+    END IF;
+    IF NOT pg_catalog.pg_has_role(session_user, role,
                                      CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 160000
                                           THEN 'SET' ELSE 'MEMBER' END) THEN
-        RAISE EXCEPTION 'permission denied to act as role "%"', coalesce(role::text, '-')
+        RAISE EXCEPTION 'permission denied to act as role "%"', role
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = pg_catalog.format('Session user "%s" cannot become that role.', session_user),
                   HINT = 'Call the idem_* functions as the role itself, or SET ROLE to it first.';
@@ -3582,16 +3590,7 @@ DECLARE
     i integer;
     days bigint;
 BEGIN
-    IF caller_role IS NULL
-       OR NOT pg_has_role(session_user, caller_role,
-                          CASE WHEN current_setting('server_version_num')::integer >= 160000
-                               THEN 'SET' ELSE 'MEMBER' END)
-       OR NOT has_function_privilege(caller_role,
-                                     'idem_list(text, text, interval, integer)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'permission denied for function idem_list'
-            USING ERRCODE = '42501',
-                  HINT = 'Call idem_list() as the role whose records it lists.';
-    END IF;
+    PERFORM idem__acting_role(caller_role, 'idem_list(text, text, interval, integer)');
     IF $2 IS NULL THEN
         RAISE EXCEPTION 'state must not be null' USING ERRCODE = '22004';
     END IF;
@@ -3681,7 +3680,7 @@ RETURNS TABLE (
     updated_age    interval)
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 AS $$
-SELECT * FROM idem_list_for(quote_ident(current_user)::regrole, $1, $2, $3, $4)
+SELECT * FROM idem_list_for(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), $1, $2, $3, $4)
 $$;
 
 COMMENT ON FUNCTION idem_list(text, text, interval, integer) IS

@@ -23,11 +23,19 @@ CREATE OR REPLACE FUNCTION idem__acting_role(role regrole, via regprocedure)
 RETURNS regrole
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF role IS NULL
-       OR NOT pg_catalog.pg_has_role(session_user, role,
+    IF role IS NULL THEN
+        -- current_user named no role: a rename of the calling role committed
+        -- between the lookup of its name and the lookup of that name (the C
+        -- edition takes the role's identity itself, which SQL cannot)
+        RAISE EXCEPTION 'could not identify the calling role'
+            USING ERRCODE = 'serialization_failure',
+                  DETAIL = 'The role was renamed while the call ran.',
+                  HINT = 'Retry the call: nothing was written.';
+    END IF;
+    IF NOT pg_catalog.pg_has_role(session_user, role,
                                      CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 160000
                                           THEN 'SET' ELSE 'MEMBER' END) THEN
-        RAISE EXCEPTION 'permission denied to act as role "%"', coalesce(role::text, '-')
+        RAISE EXCEPTION 'permission denied to act as role "%"', role
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = pg_catalog.format('Session user "%s" cannot become that role.', session_user),
                   HINT = 'Call the idem_* functions as the role itself, or SET ROLE to it first.';

@@ -567,16 +567,7 @@ DECLARE
     i integer;
     days bigint;
 BEGIN
-    IF caller_role IS NULL
-       OR NOT pg_has_role(session_user, caller_role,
-                          CASE WHEN current_setting('server_version_num')::integer >= 160000
-                               THEN 'SET' ELSE 'MEMBER' END)
-       OR NOT has_function_privilege(caller_role,
-                                     'idem_list(text, text, interval, integer)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'permission denied for function idem_list'
-            USING ERRCODE = '42501',
-                  HINT = 'Call idem_list() as the role whose records it lists.';
-    END IF;
+    PERFORM idem__acting_role(caller_role, 'idem_list(text, text, interval, integer)');
     IF $2 IS NULL THEN
         RAISE EXCEPTION 'state must not be null' USING ERRCODE = '22004';
     END IF;
@@ -666,7 +657,7 @@ RETURNS TABLE (
     updated_age    interval)
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 AS $$
-SELECT * FROM idem_list_for(quote_ident(current_user)::regrole, $1, $2, $3, $4)
+SELECT * FROM idem_list_for(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), $1, $2, $3, $4)
 $$;
 
 COMMENT ON FUNCTION idem_list(text, text, interval, integer) IS

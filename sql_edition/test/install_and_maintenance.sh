@@ -170,7 +170,7 @@ $psql -X -q -At -d $db -U idem_sqled_app -c "SELECT key FROM idempotency.idem_li
     | grep -qx u || fail "idem_list did not list the role's own record"
 out=$($psql -X -q -d $db -U idem_sqled_app \
         -c "SELECT * FROM idempotency.idem_list_for('idem_sqled_other', 'unknown', NULL, NULL, 100)" 2>&1 || true)
-echo "$out" | grep -q 'permission denied for function idem_list' \
+echo "$out" | grep -q 'permission denied to act as role "idem_sqled_other"' \
     || fail "idem_list_for answered for another role: $out"
 
 echo "install_and_maintenance: install, second run, downgrade, settings, maintenance and idem_list checked"
