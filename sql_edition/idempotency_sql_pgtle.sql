@@ -400,7 +400,7 @@ BEGIN
     IF raw IS NULL THEN
         RETURN boot;
     END IF;
-    parts := regexp_match(raw, '^\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*$');
+    parts := regexp_match(raw, E'^\\s*([-+]?(?:[0-9]+\\.?[0-9]*|\\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\\s*([A-Za-z]*)\\s*$');
     IF unit IN ('us', 'ms', 's', 'min', 'h', 'd') THEN
         hint := 'Valid units for this parameter are "us", "ms", "s", "min", "h", and "d".';
     ELSIF unit IS NOT NULL THEN
@@ -534,7 +534,7 @@ BEGIN
             OR (NEW.state <> 'processing'
                 AND NOT (NEW.state = 'succeeded' AND NEW.response_status IS NULL
                          AND NEW.attempt_token IS NULL AND NEW.locked_until IS NULL)))
-           AND pg_catalog.current_query() !~* '^\s*copy\s' THEN
+           AND pg_catalog.current_query() !~* E'^\\s*copy\\s' THEN
             RAISE EXCEPTION 'invalid new idempotency record'
                 USING ERRCODE = 'check_violation',
                       DETAIL = pg_catalog.format('A record is created in state "processing" at attempt 1 (or "succeeded" without a response, by idem_inbox), not in state "%s" at attempt %s.',
@@ -1330,7 +1330,7 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     bad record;
 BEGIN
-    IF value ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+    IF value ~ E'[\\x01-\\x08\\x0a-\\x1f\\x7f]' THEN
         bad := idem__bad_byte(value, 'header');
         RAISE EXCEPTION 'value of header "%" contains a control character', idem__clip(name, 64)
             USING ERRCODE = 'invalid_parameter_value',
@@ -1412,7 +1412,7 @@ $$;
 CREATE OR REPLACE FUNCTION idem__plain_headers(headers jsonb)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
-RETURN coalesce((headers::text ~ '^(\{\}|\{"[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*"(, "[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*")*\}|\[\]|\[\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\](, \["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\])*\])$')
+RETURN coalesce((headers::text ~ E'^(\\{\\}|\\{"[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\\\\x01-\\x1f\\x7f]*"(, "[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\\\\x01-\\x1f\\x7f]*")*\\}|\\[\\]|\\[\\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\\\\x01-\\x1f\\x7f]*"\\](, \\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\\\\x01-\\x1f\\x7f]*"\\])*\\])$')
                 AND headers::text !~* '"(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade)"',
                 false);
 
@@ -1763,7 +1763,7 @@ $$;
 CREATE OR REPLACE FUNCTION idem__no_request()
 RETURNS bytea
 LANGUAGE sql IMMUTABLE
-RETURN '\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
+RETURN E'\\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
 -- What a claim answers from a record as it is (its columns, not its row
 -- type: a function taking idem_records would keep its owner from adding
@@ -2241,14 +2241,14 @@ BEGIN
     ELSIF tenant IS NULL THEN
         RAISE EXCEPTION 'tenant must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF operation = '' OR operation ~ '[\x01-\x1f\x7f]'
+    IF operation = '' OR operation ~ E'[\\x01-\\x1f\\x7f]'
        OR pg_catalog.octet_length(operation) > 255 THEN
         PERFORM idem__check_name(operation, 'operation', false);
     END IF;
     IF key = '' OR key ~ '[^ -~]' OR pg_catalog.octet_length(key) > 255 THEN
         PERFORM idem__check_key(key);
     END IF;
-    IF tenant ~ '[\x01-\x1f\x7f]' OR pg_catalog.octet_length(tenant) > 255 THEN
+    IF tenant ~ E'[\\x01-\\x1f\\x7f]' OR pg_catalog.octet_length(tenant) > 255 THEN
         PERFORM idem__check_name(tenant, 'tenant', true);
     END IF;
     IF pg_catalog.current_setting('idempotency.max_key_length', true) <> ''
@@ -2270,8 +2270,8 @@ RETURNS boolean
 LANGUAGE sql STABLE
 RETURN coalesce(NOT (key = '' OR pg_catalog.octet_length(key) > 255 OR key ~ '[^ -~]'
                      OR operation = '' OR pg_catalog.octet_length(operation) > 255
-                     OR operation ~ '[\x01-\x1f\x7f]'
-                     OR pg_catalog.octet_length(tenant) > 255 OR tenant ~ '[\x01-\x1f\x7f]'
+                     OR operation ~ E'[\\x01-\\x1f\\x7f]'
+                     OR pg_catalog.octet_length(tenant) > 255 OR tenant ~ E'[\\x01-\\x1f\\x7f]'
                      OR coalesce(pg_catalog.current_setting('idempotency.max_key_length', true), '') <> ''),
                 false);
 
@@ -3062,11 +3062,11 @@ BEGIN
           FROM (SELECT DISTINCT ON (v.form) v.form, v.n
                   FROM unnest(ARRAY[
                            key,
-                           replace(replace(key, '\', '\\'), '''', ''''''),   -- quote_literal
+                           replace(replace(key, E'\\', E'\\\\'), '''', ''''''),   -- quote_literal
                            replace(key, '''', ''''''),                       -- a literal
-                           replace(replace(key, '\', '\\'), '"', '""'),      -- a row's field
+                           replace(replace(key, E'\\', E'\\\\'), '"', '""'),      -- a row's field
                            replace(key, '"', '""'),                          -- an identifier
-                           replace(replace(key, '\', '\\'), '"', '\"')       -- an array element, JSON
+                           replace(replace(key, E'\\', E'\\\\'), '"', E'\\"')       -- an array element, JSON
                        ]) WITH ORDINALITY AS v(form, n)
                  ORDER BY v.form, v.n) AS f
          ORDER BY length(f.form) DESC, f.n
@@ -3789,10 +3789,10 @@ BEGIN
         SELECT p.oid::pg_catalog.regprocedure AS signature
           FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace OPERATOR(pg_catalog.=) schema_oid
-           AND p.proname OPERATOR(pg_catalog.~~) 'idem\_%'
+           AND p.proname OPERATOR(pg_catalog.~~) E'idem\\_%'
            AND p.prokind OPERATOR(pg_catalog.=) 'f'
            AND NOT (p.oid::pg_catalog.regprocedure::text OPERATOR(pg_catalog.=) ANY (inlined))
-           AND NOT (p.proname OPERATOR(pg_catalog.~~) 'idem\_\_%' AND NOT p.prosecdef)
+           AND NOT (p.proname OPERATOR(pg_catalog.~~) E'idem\\_\\_%' AND NOT p.prosecdef)
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.signature, schema_oid::pg_catalog.regnamespace::text);

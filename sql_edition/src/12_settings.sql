@@ -35,7 +35,7 @@ BEGIN
     IF raw IS NULL THEN
         RETURN boot;
     END IF;
-    parts := regexp_match(raw, '^\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*$');
+    parts := regexp_match(raw, E'^\\s*([-+]?(?:[0-9]+\\.?[0-9]*|\\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\\s*([A-Za-z]*)\\s*$');
     IF unit IN ('us', 'ms', 's', 'min', 'h', 'd') THEN
         hint := 'Valid units for this parameter are "us", "ms", "s", "min", "h", and "d".';
     ELSIF unit IS NOT NULL THEN

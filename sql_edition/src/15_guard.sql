@@ -53,7 +53,7 @@ BEGIN
             OR (NEW.state <> 'processing'
                 AND NOT (NEW.state = 'succeeded' AND NEW.response_status IS NULL
                          AND NEW.attempt_token IS NULL AND NEW.locked_until IS NULL)))
-           AND pg_catalog.current_query() !~* '^\s*copy\s' THEN
+           AND pg_catalog.current_query() !~* E'^\\s*copy\\s' THEN
             RAISE EXCEPTION 'invalid new idempotency record'
                 USING ERRCODE = 'check_violation',
                       DETAIL = pg_catalog.format('A record is created in state "processing" at attempt 1 (or "succeeded" without a response, by idem_inbox), not in state "%s" at attempt %s.',

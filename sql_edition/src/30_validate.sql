@@ -194,7 +194,7 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     bad record;
 BEGIN
-    IF value ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+    IF value ~ E'[\\x01-\\x08\\x0a-\\x1f\\x7f]' THEN
         bad := idem__bad_byte(value, 'header');
         RAISE EXCEPTION 'value of header "%" contains a control character', idem__clip(name, 64)
             USING ERRCODE = 'invalid_parameter_value',
@@ -276,7 +276,7 @@ $$;
 CREATE OR REPLACE FUNCTION idem__plain_headers(headers jsonb)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
-RETURN coalesce((headers::text ~ '^(\{\}|\{"[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*"(, "[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\x01-\x1f\x7f]*")*\}|\[\]|\[\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\](, \["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\x01-\x1f\x7f]*"\])*\])$')
+RETURN coalesce((headers::text ~ E'^(\\{\\}|\\{"[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\\\\x01-\\x1f\\x7f]*"(, "[0-9A-Za-z!#$%&''*+.^_`|~-]+": "[^"\\\\\\x01-\\x1f\\x7f]*")*\\}|\\[\\]|\\[\\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\\\\x01-\\x1f\\x7f]*"\\](, \\["[0-9A-Za-z!#$%&''*+.^_`|~-]+", "[^"\\\\\\x01-\\x1f\\x7f]*"\\])*\\])$')
                 AND headers::text !~* '"(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade)"',
                 false);
 

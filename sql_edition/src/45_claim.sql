@@ -57,7 +57,7 @@
 CREATE OR REPLACE FUNCTION idem__no_request()
 RETURNS bytea
 LANGUAGE sql IMMUTABLE
-RETURN '\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
+RETURN E'\\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
 -- What a claim answers from a record as it is (its columns, not its row
 -- type: a function taking idem_records would keep its owner from adding
@@ -535,14 +535,14 @@ BEGIN
     ELSIF tenant IS NULL THEN
         RAISE EXCEPTION 'tenant must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF operation = '' OR operation ~ '[\x01-\x1f\x7f]'
+    IF operation = '' OR operation ~ E'[\\x01-\\x1f\\x7f]'
        OR pg_catalog.octet_length(operation) > 255 THEN
         PERFORM idem__check_name(operation, 'operation', false);
     END IF;
     IF key = '' OR key ~ '[^ -~]' OR pg_catalog.octet_length(key) > 255 THEN
         PERFORM idem__check_key(key);
     END IF;
-    IF tenant ~ '[\x01-\x1f\x7f]' OR pg_catalog.octet_length(tenant) > 255 THEN
+    IF tenant ~ E'[\\x01-\\x1f\\x7f]' OR pg_catalog.octet_length(tenant) > 255 THEN
         PERFORM idem__check_name(tenant, 'tenant', true);
     END IF;
     IF pg_catalog.current_setting('idempotency.max_key_length', true) <> ''
@@ -564,8 +564,8 @@ RETURNS boolean
 LANGUAGE sql STABLE
 RETURN coalesce(NOT (key = '' OR pg_catalog.octet_length(key) > 255 OR key ~ '[^ -~]'
                      OR operation = '' OR pg_catalog.octet_length(operation) > 255
-                     OR operation ~ '[\x01-\x1f\x7f]'
-                     OR pg_catalog.octet_length(tenant) > 255 OR tenant ~ '[\x01-\x1f\x7f]'
+                     OR operation ~ E'[\\x01-\\x1f\\x7f]'
+                     OR pg_catalog.octet_length(tenant) > 255 OR tenant ~ E'[\\x01-\\x1f\\x7f]'
                      OR coalesce(pg_catalog.current_setting('idempotency.max_key_length', true), '') <> ''),
                 false);
 

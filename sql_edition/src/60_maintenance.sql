@@ -48,11 +48,11 @@ BEGIN
           FROM (SELECT DISTINCT ON (v.form) v.form, v.n
                   FROM unnest(ARRAY[
                            key,
-                           replace(replace(key, '\', '\\'), '''', ''''''),   -- quote_literal
+                           replace(replace(key, E'\\', E'\\\\'), '''', ''''''),   -- quote_literal
                            replace(key, '''', ''''''),                       -- a literal
-                           replace(replace(key, '\', '\\'), '"', '""'),      -- a row's field
+                           replace(replace(key, E'\\', E'\\\\'), '"', '""'),      -- a row's field
                            replace(key, '"', '""'),                          -- an identifier
-                           replace(replace(key, '\', '\\'), '"', '\"')       -- an array element, JSON
+                           replace(replace(key, E'\\', E'\\\\'), '"', E'\\"')       -- an array element, JSON
                        ]) WITH ORDINALITY AS v(form, n)
                  ORDER BY v.form, v.n) AS f
          ORDER BY length(f.form) DESC, f.n

@@ -76,10 +76,10 @@ BEGIN
         SELECT p.oid::pg_catalog.regprocedure AS signature
           FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace OPERATOR(pg_catalog.=) schema_oid
-           AND p.proname OPERATOR(pg_catalog.~~) 'idem\_%'
+           AND p.proname OPERATOR(pg_catalog.~~) E'idem\\_%'
            AND p.prokind OPERATOR(pg_catalog.=) 'f'
            AND NOT (p.oid::pg_catalog.regprocedure::text OPERATOR(pg_catalog.=) ANY (inlined))
-           AND NOT (p.proname OPERATOR(pg_catalog.~~) 'idem\_\_%' AND NOT p.prosecdef)
+           AND NOT (p.proname OPERATOR(pg_catalog.~~) E'idem\\_\\_%' AND NOT p.prosecdef)
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.signature, schema_oid::pg_catalog.regnamespace::text);
