@@ -126,4 +126,24 @@ wait_for_lock idem_h_claimer
     || fail "a claim did not see the role's own claim of the key in progress"
 end_session idem_h_claimer
 
-echo "hostile: direct calls of private functions and another role's advisory locks checked"
+# 3. A setting beyond what PostgreSQL reads as a number is refused as the
+# C edition refuses it at SET (22023, its message and hint), not with a
+# numeric overflow (22003); a fraction is rounded half to even, as
+# PostgreSQL rounds it.
+check_setting() {
+    out=$(as_app -v VERBOSITY=verbose -c "SET idempotency.default_ttl = '$1'" \
+                 -c "SELECT outcome FROM idem_claim('op', 'setting', NULL)" 2>&1) \
+        && fail "default_ttl = '$1' accepted"
+    echo "$out" | grep -qF "$2" || fail "default_ttl = '$1': $out"
+}
+check_setting 1e1000000 'ERROR:  22023: invalid value for parameter "idempotency.default_ttl": "1e1000000"'
+check_setting 1e400 'ERROR:  22023: invalid value for parameter "idempotency.default_ttl": "1e400"'
+check_setting 99999999999999999999999 'HINT:  Value exceeds integer range.'
+check_setting 2147483648 'HINT:  Value exceeds integer range.'
+check_setting 0.5 'ERROR:  22023: 0 s is outside the valid range for parameter "idempotency.default_ttl" (1 .. 2147483647)'
+[ "$(as_app -c "SET idempotency.default_ttl = '2.5'" \
+            -c "SELECT extract(epoch FROM (o).ttl_value)
+                  FROM (SELECT idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject') AS o) AS x")" = 2.000000 ] \
+    || fail "default_ttl = '2.5' not rounded half to even"
+
+echo "hostile: direct calls of private functions, another role's advisory locks and settings beyond a number checked"
