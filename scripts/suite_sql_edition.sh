@@ -555,6 +555,7 @@ run_sql_edition_suite() {
     sqled_pgtle
     sqled_own_check installers.sh
     sqled_own_check install_and_maintenance.sh
+    sqled_own_check hostile.sh
     local app=0 cron=0
     sqled_install_app && app=1
     if [ "$app" = 1 ]; then sqled_walkthrough; fi

@@ -423,7 +423,18 @@ BEGIN
         RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
             USING ERRCODE = '22023', HINT = hint;
     END IF;
+    -- beyond what a double holds (or too long to read as one): what
+    -- PostgreSQL's strtod() refuses, without a hint
+    IF pg_catalog.length(parts[1]) > 400
+       OR pg_catalog.length(pg_catalog.ltrim(coalesce((regexp_match(parts[1], '[eE][-+]?([0-9]+)$'))[1], ''), '0')) > 4 THEN
+        RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
+            USING ERRCODE = '22023';
+    END IF;
     number := parts[1]::numeric;
+    IF number <> 0 AND (abs(number) > 1.7976931348623157e308 OR abs(number) < 2.2250738585072014e-308) THEN
+        RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
+            USING ERRCODE = '22023';
+    END IF;
     IF parts[2] = '' THEN
         factor := 1;
     ELSIF unit = ANY (time_units) AND parts[2] = ANY (time_units) THEN
@@ -436,7 +447,13 @@ BEGIN
         RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
             USING ERRCODE = '22023', HINT = hint;
     END IF;
-    result := round(number * factor);
+    -- rounded half to even, in double precision, as PostgreSQL rounds a
+    -- setting's value
+    result := round(number::double precision * factor::double precision)::numeric;
+    IF result < -2147483648 OR result > 2147483647 THEN
+        RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
+            USING ERRCODE = '22023', HINT = 'Value exceeds integer range.';
+    END IF;
     IF result < min_value OR result > max_value THEN
         RAISE EXCEPTION '% is outside the valid range for parameter "%" (% .. %)',
                         result || coalesce(' ' || unit, ''), name, min_value, max_value
@@ -680,7 +697,7 @@ CREATE OR REPLACE TRIGGER idem_records_guard
 
 -- Nesting handled by recursion before the explicit stack takes over: far
 -- deeper than requests are, far shallower than the server's stack allows.
-CREATE FUNCTION idem__max_recursion() RETURNS integer
+CREATE OR REPLACE FUNCTION idem__max_recursion() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 32 $$;
 
@@ -691,7 +708,7 @@ AS $$ SELECT 32 $$;
 -- after them: each of the latter gets the prefix U+E001 and each astral
 -- character U+E000, which keeps every other order.  Only names with a
 -- character beyond ASCII need it.
-CREATE FUNCTION idem__utf16_key(name text) RETURNS text
+CREATE OR REPLACE FUNCTION idem__utf16_key(name text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
 SELECT CASE WHEN octet_length(name) = length(name) THEN name
@@ -707,7 +724,7 @@ $$;
 -- below 1e-6.  With the value written as s * 10^(n-k), s of k digits
 -- without trailing zeros: k <= n <= 21 digits then zeros; 0 < n <= 21 a
 -- point inside; -6 < n <= 0 "0." then zeros; otherwise d.ddde+-(n-1).
-CREATE FUNCTION idem__number_rewrite(plain text) RETURNS text
+CREATE OR REPLACE FUNCTION idem__number_rewrite(plain text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -761,7 +778,7 @@ $$;
 -- The canonical text of a number, from its plain text.  Most numbers of
 -- requests are already in ECMAScript form (integers below 1e21, decimals
 -- without trailing zeros): they are recognised here without a call.
-CREATE FUNCTION idem__number(plain text) RETURNS text
+CREATE OR REPLACE FUNCTION idem__number(plain text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
 SELECT CASE
@@ -777,7 +794,7 @@ $$;
 -- a small nested container by the string path when it is plain by itself
 -- (idem__plain), else an object's members sorted by a query and an array
 -- written element by element.
-CREATE FUNCTION idem__container(doc jsonb, depth integer) RETURNS text
+CREATE OR REPLACE FUNCTION idem__container(doc jsonb, depth integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -816,7 +833,7 @@ $$;
 -- elements are written in body as idem__pretty leaves them: one a line,
 -- containers already replaced by their canonical text (idem__pretty).
 -- STABLE as getdatabaseencoding is, so that it is inlined.
-CREATE FUNCTION idem__pretty_join(body bytea, depth integer, bracket integer) RETURNS bytea
+CREATE OR REPLACE FUNCTION idem__pretty_join(body bytea, depth integer, bracket integer) RETURNS bytea
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 SELECT convert_to(CASE
@@ -850,7 +867,7 @@ $$;
 -- the names (U+0001 is below every byte of a name, and no two names are
 -- equal).  The text is searched as bytes: positions in text of more than
 -- one byte per character cost a walk from its start.
-CREATE FUNCTION idem__pretty(pretty bytea, depth integer) RETURNS bytea
+CREATE OR REPLACE FUNCTION idem__pretty(pretty bytea, depth integer) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -891,7 +908,7 @@ $$;
 
 -- The canonical text of an object depth levels down, its members sorted
 -- by a query on their names mapped to UTF-16 order.
-CREATE FUNCTION idem__object_by_query(doc jsonb, depth integer) RETURNS text
+CREATE OR REPLACE FUNCTION idem__object_by_query(doc jsonb, depth integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 BEGIN
@@ -905,7 +922,7 @@ $$;
 -- The canonical text of a container, walked with an explicit stack: the
 -- containers open on the way down, the names of each open object in
 -- canonical order, and the next member or element of each.
-CREATE FUNCTION idem__container_deep(doc jsonb) RETURNS text
+CREATE OR REPLACE FUNCTION idem__container_deep(doc jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -967,7 +984,7 @@ $$;
 
 -- The canonical text of a value found depth levels down (created after the
 -- functions it calls, since the body of a SQL function is checked).
-CREATE FUNCTION idem__value(member jsonb, depth integer) RETURNS text
+CREATE OR REPLACE FUNCTION idem__value(member jsonb, depth integer) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
 SELECT CASE jsonb_typeof(member)
@@ -986,7 +1003,7 @@ $$;
 -- 1e-6), and is short enough for every piece idem__pretty sorts to fit in
 -- a lexeme (2047 bytes).  Most requests are, and for them the whole text
 -- is written by string functions, one call per container.
-CREATE FUNCTION idem__plain(doc jsonb) RETURNS bytea
+CREATE OR REPLACE FUNCTION idem__plain(doc jsonb) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -1031,7 +1048,7 @@ END;
 $$;
 
 -- RFC 8785 canonical JSON text of a value, with numbers kept exact.
-CREATE FUNCTION idem_canonical(value jsonb) RETURNS text
+CREATE OR REPLACE FUNCTION idem_canonical(value jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 BEGIN
@@ -1048,7 +1065,7 @@ COMMENT ON FUNCTION idem_canonical(jsonb) IS
 -- SHA-256 of the canonical text: the request fingerprint of idem_claim.
 -- The bytes hashed are the text's in the database encoding, as the C
 -- edition hashes them (UTF-8 in the databases that hold non-ASCII text).
-CREATE FUNCTION idem_fingerprint(value jsonb) RETURNS bytea
+CREATE OR REPLACE FUNCTION idem_fingerprint(value jsonb) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 BEGIN
@@ -1068,7 +1085,7 @@ COMMENT ON FUNCTION idem_fingerprint(jsonb) IS
 -- it) and of key and step, each prefixed by its length in 4 bytes, so that
 -- ("ab", "c") and ("a", "bc") differ; its first 16 bytes as a UUID of
 -- version 8.  Not STRICT: a NULL key must not quietly give a NULL key.
-CREATE FUNCTION idem_derive_key(key text, step text) RETURNS text
+CREATE OR REPLACE FUNCTION idem_derive_key(key text, step text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
@@ -1743,7 +1760,10 @@ $$;
 -- longer than what is left of `wait`).  So the insert itself never waits
 -- for another claim of its key, and only for what any INSERT waits for (the
 -- owner's DDL, the table's file being extended), as in the C edition: an
--- answer of in_progress always means another attempt of the key.  The lock
+-- answer of in_progress always means another attempt of the key.  Any role
+-- may take any advisory lock, and pg_locks shows them all: a lock held by a
+-- session that could not act as the claiming role is no claim of the key,
+-- and the insert goes ahead without it, bounded by `wait`.  The lock
 -- goes with the transaction, or with the savepoint rolled back.  A
 -- transaction therefore holds one lock-table entry per key it inserted
 -- until it ends: a transaction may insert about max_locks_per_transaction
@@ -1823,6 +1843,27 @@ RETURN pg_catalog.hashtextextended(
                                 pg_catalog.octet_length(p_operation), p_operation, p_key),
            7212);
 
+-- Whether the key's advisory lock is held by a session whose user could
+-- not act as the role (a claim of the scope runs only in a session that
+-- may), so by something that is no claim of the key: advisory locks are
+-- open to every role of the database, and pg_locks shows every lock held.
+-- Read only when the lock is not free.  A holder without a session (a
+-- prepared transaction) may be a claim.
+CREATE OR REPLACE FUNCTION idem__key_lock_foreign(key_lock bigint, p_role regrole)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN EXISTS (
+    SELECT FROM pg_catalog.pg_locks AS l
+      JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d
+                                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid OPERATOR(pg_catalog.=) ((key_lock OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::oid
+       AND l.objid OPERATOR(pg_catalog.=) (key_lock OPERATOR(pg_catalog.&) 4294967295)::oid
+       AND l.objsubid OPERATOR(pg_catalog.=) 1
+       AND a.usesysid IS NOT NULL
+       AND NOT pg_catalog.pg_has_role(a.usesysid, p_role, 'MEMBER'));
+
 -- Insert attempt 1 of a new command, or an inbox message (p_inbox:
 -- succeeded at once, without token or lease).  Answers proceed; in_progress
 -- when another transaction is inserting the key and has not ended by the
@@ -1842,6 +1883,7 @@ DECLARE
     secret bytea;
     saved_timeout text := pg_catalog.current_setting('lock_timeout');
     key_lock bigint;
+    unlocked boolean := false;
     new_id bigint;
     same_row boolean;
     dummy text;
@@ -1863,24 +1905,38 @@ BEGIN
         -- another transaction is inserting the key and has not ended
         -- (waited for under REPEATABLE READ too: if it commits, the insert
         -- raises 40001 as the C edition does; if it rolls back, the key is
-        -- free)
-        IF pg_catalog.clock_timestamp() >= p_deadline THEN
+        -- free); or a session of another role holds the lock, which must
+        -- not keep this role's key from ever being claimed: then the insert
+        -- goes ahead without the lock, and waits for a claim of the key
+        -- that it meets no longer than what is left of wait
+        IF idem__key_lock_foreign(key_lock, p_role) THEN
+            unlocked := true;
+        ELSIF pg_catalog.clock_timestamp() >= p_deadline THEN
             RETURN idem__answer_busy();
+        ELSE
+            BEGIN
+                dummy := pg_catalog.set_config('lock_timeout',
+                             GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
+                             true);
+                PERFORM pg_catalog.pg_advisory_xact_lock(key_lock);
+                dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
+            EXCEPTION
+                WHEN lock_not_available THEN
+                    IF NOT idem__key_lock_foreign(key_lock, p_role) THEN
+                        RETURN idem__answer_busy();
+                    END IF;
+                    unlocked := true;
+            END;
         END IF;
-        BEGIN
-            dummy := pg_catalog.set_config('lock_timeout',
-                         GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
-                         true);
-            PERFORM pg_catalog.pg_advisory_xact_lock(key_lock);
-            dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
-        EXCEPTION
-            WHEN lock_not_available THEN
-                RETURN idem__answer_busy();
-        END;
         -- it ended: its record, if it committed one, makes the insert do
         -- nothing, and the caller reads it
     END IF;
     BEGIN
+        IF unlocked THEN
+            dummy := pg_catalog.set_config('lock_timeout',
+                         GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
+                         true);
+        END IF;
         INSERT INTO idem_records AS t
                (role, tenant, caller, operation, key, fingerprint, state, attempt,
                 attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
@@ -2769,6 +2825,21 @@ BEGIN
         END IF;
     ELSIF NOT idem__plain_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)') THEN
         PERFORM idem__acting_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)');
+    END IF;
+    -- Anyone may call this function directly: it writes only what
+    -- idem_complete or idem_fail would, never a state the transition table
+    -- gives a token's holder no way to reach (processing with neither token
+    -- nor lease, which nothing would ever take over; unknown with a
+    -- response).
+    IF NOT (via = 'idem_complete' AND new_state = 'succeeded'
+            OR via = 'idem_fail' AND resource_id IS NULL
+               AND (new_state IS NULL OR new_state IN ('failed', 'retryable'))) THEN
+        RAISE EXCEPTION 'invalid outcome for an attempt token'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('%s does not store state "%s"%s.',
+                                             coalesce(via, '-'), coalesce(new_state::text, '-'),
+                                             CASE WHEN resource_id IS NOT NULL THEN ' with a resource_id' ELSE '' END),
+                  HINT = 'Call idem_complete() or idem_fail().';
     END IF;
     tok := idem__token_parse(token);
     IF http_status IS NULL THEN

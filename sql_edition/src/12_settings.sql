@@ -49,7 +49,18 @@ BEGIN
         RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
             USING ERRCODE = '22023', HINT = hint;
     END IF;
+    -- beyond what a double holds (or too long to read as one): what
+    -- PostgreSQL's strtod() refuses, without a hint
+    IF pg_catalog.length(parts[1]) > 400
+       OR pg_catalog.length(pg_catalog.ltrim(coalesce((regexp_match(parts[1], '[eE][-+]?([0-9]+)$'))[1], ''), '0')) > 4 THEN
+        RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
+            USING ERRCODE = '22023';
+    END IF;
     number := parts[1]::numeric;
+    IF number <> 0 AND (abs(number) > 1.7976931348623157e308 OR abs(number) < 2.2250738585072014e-308) THEN
+        RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
+            USING ERRCODE = '22023';
+    END IF;
     IF parts[2] = '' THEN
         factor := 1;
     ELSIF unit = ANY (time_units) AND parts[2] = ANY (time_units) THEN
@@ -62,7 +73,13 @@ BEGIN
         RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
             USING ERRCODE = '22023', HINT = hint;
     END IF;
-    result := round(number * factor);
+    -- rounded half to even, in double precision, as PostgreSQL rounds a
+    -- setting's value
+    result := round(number::double precision * factor::double precision)::numeric;
+    IF result < -2147483648 OR result > 2147483647 THEN
+        RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, raw
+            USING ERRCODE = '22023', HINT = 'Value exceeds integer range.';
+    END IF;
     IF result < min_value OR result > max_value THEN
         RAISE EXCEPTION '% is outside the valid range for parameter "%" (% .. %)',
                         result || coalesce(' ' || unit, ''), name, min_value, max_value

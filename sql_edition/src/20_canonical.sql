@@ -31,7 +31,7 @@
 
 -- Nesting handled by recursion before the explicit stack takes over: far
 -- deeper than requests are, far shallower than the server's stack allows.
-CREATE FUNCTION idem__max_recursion() RETURNS integer
+CREATE OR REPLACE FUNCTION idem__max_recursion() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 32 $$;
 
@@ -42,7 +42,7 @@ AS $$ SELECT 32 $$;
 -- after them: each of the latter gets the prefix U+E001 and each astral
 -- character U+E000, which keeps every other order.  Only names with a
 -- character beyond ASCII need it.
-CREATE FUNCTION idem__utf16_key(name text) RETURNS text
+CREATE OR REPLACE FUNCTION idem__utf16_key(name text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
 SELECT CASE WHEN octet_length(name) = length(name) THEN name
@@ -58,7 +58,7 @@ $$;
 -- below 1e-6.  With the value written as s * 10^(n-k), s of k digits
 -- without trailing zeros: k <= n <= 21 digits then zeros; 0 < n <= 21 a
 -- point inside; -6 < n <= 0 "0." then zeros; otherwise d.ddde+-(n-1).
-CREATE FUNCTION idem__number_rewrite(plain text) RETURNS text
+CREATE OR REPLACE FUNCTION idem__number_rewrite(plain text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -112,7 +112,7 @@ $$;
 -- The canonical text of a number, from its plain text.  Most numbers of
 -- requests are already in ECMAScript form (integers below 1e21, decimals
 -- without trailing zeros): they are recognised here without a call.
-CREATE FUNCTION idem__number(plain text) RETURNS text
+CREATE OR REPLACE FUNCTION idem__number(plain text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
 SELECT CASE
@@ -128,7 +128,7 @@ $$;
 -- a small nested container by the string path when it is plain by itself
 -- (idem__plain), else an object's members sorted by a query and an array
 -- written element by element.
-CREATE FUNCTION idem__container(doc jsonb, depth integer) RETURNS text
+CREATE OR REPLACE FUNCTION idem__container(doc jsonb, depth integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -167,7 +167,7 @@ $$;
 -- elements are written in body as idem__pretty leaves them: one a line,
 -- containers already replaced by their canonical text (idem__pretty).
 -- STABLE as getdatabaseencoding is, so that it is inlined.
-CREATE FUNCTION idem__pretty_join(body bytea, depth integer, bracket integer) RETURNS bytea
+CREATE OR REPLACE FUNCTION idem__pretty_join(body bytea, depth integer, bracket integer) RETURNS bytea
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 SELECT convert_to(CASE
@@ -201,7 +201,7 @@ $$;
 -- the names (U+0001 is below every byte of a name, and no two names are
 -- equal).  The text is searched as bytes: positions in text of more than
 -- one byte per character cost a walk from its start.
-CREATE FUNCTION idem__pretty(pretty bytea, depth integer) RETURNS bytea
+CREATE OR REPLACE FUNCTION idem__pretty(pretty bytea, depth integer) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -242,7 +242,7 @@ $$;
 
 -- The canonical text of an object depth levels down, its members sorted
 -- by a query on their names mapped to UTF-16 order.
-CREATE FUNCTION idem__object_by_query(doc jsonb, depth integer) RETURNS text
+CREATE OR REPLACE FUNCTION idem__object_by_query(doc jsonb, depth integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 BEGIN
@@ -256,7 +256,7 @@ $$;
 -- The canonical text of a container, walked with an explicit stack: the
 -- containers open on the way down, the names of each open object in
 -- canonical order, and the next member or element of each.
-CREATE FUNCTION idem__container_deep(doc jsonb) RETURNS text
+CREATE OR REPLACE FUNCTION idem__container_deep(doc jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -318,7 +318,7 @@ $$;
 
 -- The canonical text of a value found depth levels down (created after the
 -- functions it calls, since the body of a SQL function is checked).
-CREATE FUNCTION idem__value(member jsonb, depth integer) RETURNS text
+CREATE OR REPLACE FUNCTION idem__value(member jsonb, depth integer) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
 SELECT CASE jsonb_typeof(member)
@@ -337,7 +337,7 @@ $$;
 -- 1e-6), and is short enough for every piece idem__pretty sorts to fit in
 -- a lexeme (2047 bytes).  Most requests are, and for them the whole text
 -- is written by string functions, one call per container.
-CREATE FUNCTION idem__plain(doc jsonb) RETURNS bytea
+CREATE OR REPLACE FUNCTION idem__plain(doc jsonb) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -382,7 +382,7 @@ END;
 $$;
 
 -- RFC 8785 canonical JSON text of a value, with numbers kept exact.
-CREATE FUNCTION idem_canonical(value jsonb) RETURNS text
+CREATE OR REPLACE FUNCTION idem_canonical(value jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 BEGIN
@@ -399,7 +399,7 @@ COMMENT ON FUNCTION idem_canonical(jsonb) IS
 -- SHA-256 of the canonical text: the request fingerprint of idem_claim.
 -- The bytes hashed are the text's in the database encoding, as the C
 -- edition hashes them (UTF-8 in the databases that hold non-ASCII text).
-CREATE FUNCTION idem_fingerprint(value jsonb) RETURNS bytea
+CREATE OR REPLACE FUNCTION idem_fingerprint(value jsonb) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 BEGIN
@@ -419,7 +419,7 @@ COMMENT ON FUNCTION idem_fingerprint(jsonb) IS
 -- it) and of key and step, each prefixed by its length in 4 bytes, so that
 -- ("ab", "c") and ("a", "bc") differ; its first 16 bytes as a UUID of
 -- version 8.  Not STRICT: a NULL key must not quietly give a NULL key.
-CREATE FUNCTION idem_derive_key(key text, step text) RETURNS text
+CREATE OR REPLACE FUNCTION idem_derive_key(key text, step text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE

@@ -28,7 +28,10 @@
 -- longer than what is left of `wait`).  So the insert itself never waits
 -- for another claim of its key, and only for what any INSERT waits for (the
 -- owner's DDL, the table's file being extended), as in the C edition: an
--- answer of in_progress always means another attempt of the key.  The lock
+-- answer of in_progress always means another attempt of the key.  Any role
+-- may take any advisory lock, and pg_locks shows them all: a lock held by a
+-- session that could not act as the claiming role is no claim of the key,
+-- and the insert goes ahead without it, bounded by `wait`.  The lock
 -- goes with the transaction, or with the savepoint rolled back.  A
 -- transaction therefore holds one lock-table entry per key it inserted
 -- until it ends: a transaction may insert about max_locks_per_transaction
@@ -108,6 +111,27 @@ RETURN pg_catalog.hashtextextended(
                                 pg_catalog.octet_length(p_operation), p_operation, p_key),
            7212);
 
+-- Whether the key's advisory lock is held by a session whose user could
+-- not act as the role (a claim of the scope runs only in a session that
+-- may), so by something that is no claim of the key: advisory locks are
+-- open to every role of the database, and pg_locks shows every lock held.
+-- Read only when the lock is not free.  A holder without a session (a
+-- prepared transaction) may be a claim.
+CREATE OR REPLACE FUNCTION idem__key_lock_foreign(key_lock bigint, p_role regrole)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN EXISTS (
+    SELECT FROM pg_catalog.pg_locks AS l
+      JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d
+                                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid OPERATOR(pg_catalog.=) ((key_lock OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::oid
+       AND l.objid OPERATOR(pg_catalog.=) (key_lock OPERATOR(pg_catalog.&) 4294967295)::oid
+       AND l.objsubid OPERATOR(pg_catalog.=) 1
+       AND a.usesysid IS NOT NULL
+       AND NOT pg_catalog.pg_has_role(a.usesysid, p_role, 'MEMBER'));
+
 -- Insert attempt 1 of a new command, or an inbox message (p_inbox:
 -- succeeded at once, without token or lease).  Answers proceed; in_progress
 -- when another transaction is inserting the key and has not ended by the
@@ -127,6 +151,7 @@ DECLARE
     secret bytea;
     saved_timeout text := pg_catalog.current_setting('lock_timeout');
     key_lock bigint;
+    unlocked boolean := false;
     new_id bigint;
     same_row boolean;
     dummy text;
@@ -148,24 +173,38 @@ BEGIN
         -- another transaction is inserting the key and has not ended
         -- (waited for under REPEATABLE READ too: if it commits, the insert
         -- raises 40001 as the C edition does; if it rolls back, the key is
-        -- free)
-        IF pg_catalog.clock_timestamp() >= p_deadline THEN
+        -- free); or a session of another role holds the lock, which must
+        -- not keep this role's key from ever being claimed: then the insert
+        -- goes ahead without the lock, and waits for a claim of the key
+        -- that it meets no longer than what is left of wait
+        IF idem__key_lock_foreign(key_lock, p_role) THEN
+            unlocked := true;
+        ELSIF pg_catalog.clock_timestamp() >= p_deadline THEN
             RETURN idem__answer_busy();
+        ELSE
+            BEGIN
+                dummy := pg_catalog.set_config('lock_timeout',
+                             GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
+                             true);
+                PERFORM pg_catalog.pg_advisory_xact_lock(key_lock);
+                dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
+            EXCEPTION
+                WHEN lock_not_available THEN
+                    IF NOT idem__key_lock_foreign(key_lock, p_role) THEN
+                        RETURN idem__answer_busy();
+                    END IF;
+                    unlocked := true;
+            END;
         END IF;
-        BEGIN
-            dummy := pg_catalog.set_config('lock_timeout',
-                         GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
-                         true);
-            PERFORM pg_catalog.pg_advisory_xact_lock(key_lock);
-            dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
-        EXCEPTION
-            WHEN lock_not_available THEN
-                RETURN idem__answer_busy();
-        END;
         -- it ended: its record, if it committed one, makes the insert do
         -- nothing, and the caller reads it
     END IF;
     BEGIN
+        IF unlocked THEN
+            dummy := pg_catalog.set_config('lock_timeout',
+                         GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
+                         true);
+        END IF;
         INSERT INTO idem_records AS t
                (role, tenant, caller, operation, key, fingerprint, state, attempt,
                 attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,

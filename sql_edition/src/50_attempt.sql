@@ -75,6 +75,21 @@ BEGIN
     ELSIF NOT idem__plain_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)') THEN
         PERFORM idem__acting_role(p_role, 'idem_fail(text, integer, jsonb, jsonb, boolean, bytea)');
     END IF;
+    -- Anyone may call this function directly: it writes only what
+    -- idem_complete or idem_fail would, never a state the transition table
+    -- gives a token's holder no way to reach (processing with neither token
+    -- nor lease, which nothing would ever take over; unknown with a
+    -- response).
+    IF NOT (via = 'idem_complete' AND new_state = 'succeeded'
+            OR via = 'idem_fail' AND resource_id IS NULL
+               AND (new_state IS NULL OR new_state IN ('failed', 'retryable'))) THEN
+        RAISE EXCEPTION 'invalid outcome for an attempt token'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('%s does not store state "%s"%s.',
+                                             coalesce(via, '-'), coalesce(new_state::text, '-'),
+                                             CASE WHEN resource_id IS NOT NULL THEN ' with a resource_id' ELSE '' END),
+                  HINT = 'Call idem_complete() or idem_fail().';
+    END IF;
     tok := idem__token_parse(token);
     IF http_status IS NULL THEN
         RAISE EXCEPTION 'http_status must not be null' USING ERRCODE = 'null_value_not_allowed';

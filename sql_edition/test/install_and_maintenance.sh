@@ -160,11 +160,15 @@ GRANT USAGE ON SCHEMA idempotency TO idem_sqled_app, idem_sqled_other;
 SQL
 as_owner <<'SQL'
 GRANT EXECUTE ON FUNCTION idempotency.idem_list TO idem_sqled_app, idem_sqled_other;
+-- born processing with its lease ended, then marked unknown: the only way
+-- the records guard lets a record become unknown
 INSERT INTO idempotency.idem_records (role, tenant, caller, operation, key, fingerprint,
-    state, attempt, on_lease_expiry, ttl, created_at, claimed_at, updated_at, expires_at)
-SELECT r::regrole, '', '', 'op', 'u', sha256(''), 'unknown', 1, 'unknown', '1 day',
-       now(), now(), now(), now() + interval '1 day'
+    state, attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at, updated_at,
+    expires_at)
+SELECT r::regrole, '', '', 'op', 'u', sha256(''), 'processing', 1, now() - interval '1 minute',
+       'unknown', '1 day', now(), now(), now(), now() + interval '1 day'
   FROM unnest(ARRAY['idem_sqled_app', 'idem_sqled_other']) AS r;
+UPDATE idempotency.idem_records SET state = 'unknown' WHERE key = 'u';
 SQL
 $psql -X -q -At -d $db -U idem_sqled_app -c "SELECT key FROM idempotency.idem_list('unknown')" \
     | grep -qx u || fail "idem_list did not list the role's own record"

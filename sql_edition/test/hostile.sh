@@ -1,0 +1,149 @@
+#!/bin/sh
+# The SQL edition against the roles that use it: what a role granted EXECUTE
+# can do by calling the edition's functions directly, private ones included
+# (every function is executable by someone), and by what any role of the
+# database may do besides (advisory locks, settings).  Each case is one
+# that the edition once let through.
+#
+# Needs a server with no library of ours required and a superuser to set
+# the roles up; the usual PG* variables or psql options in PSQL choose it:
+#   PSQL="psql -h /tmp -p 5432 -U postgres" sql_edition/test/hostile.sh
+# Creates and drops the database idem_sqled_hostile and the roles
+# idem_sqled_h_*.
+set -eu
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+psql=${PSQL:-psql}
+db=idem_sqled_hostile
+PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
+export PGOPTIONS
+
+cleanup() {
+    $psql -X -q -d postgres <<SQL >/dev/null 2>&1 || true
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+ WHERE datname = '$db' AND pid <> pg_backend_pid();
+DROP DATABASE IF EXISTS $db;
+DROP ROLE IF EXISTS idem_sqled_h_owner;
+DROP ROLE IF EXISTS idem_sqled_h_app;
+DROP ROLE IF EXISTS idem_sqled_h_app2;
+SQL
+    wait
+}
+trap cleanup EXIT
+cleanup
+
+as_super() { $psql -X -q -v ON_ERROR_STOP=1 -d $db "$@"; }
+as_app() { $psql -X -q -At -v ON_ERROR_STOP=1 -d $db -U idem_sqled_h_app "$@"; }
+as_app2() { $psql -X -q -At -v ON_ERROR_STOP=1 -d $db -U idem_sqled_h_app2 "$@"; }
+fail() { echo "hostile: $*" >&2; exit 1; }
+
+# wait_for_lock APPLICATION_NAME: until a session of that name holds an
+# advisory lock (at most 20 s)
+wait_for_lock() {
+    i=0
+    until [ "$(as_super -At -c "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                                 WHERE l.locktype = 'advisory' AND l.granted
+                                   AND a.application_name = '$1'")" -gt 0 ]; do
+        i=$((i + 1))
+        [ $i -le 200 ] || fail "the session $1 took no advisory lock"
+        sleep 0.1
+    done
+}
+# end_session APPLICATION_NAME: ends the sessions of that name
+end_session() {
+    as_super -At -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                      WHERE application_name = '$1'" >/dev/null
+}
+
+$psql -X -q -v ON_ERROR_STOP=1 -d postgres <<SQL
+CREATE ROLE idem_sqled_h_owner LOGIN;
+CREATE ROLE idem_sqled_h_app LOGIN;
+CREATE ROLE idem_sqled_h_app2 LOGIN;
+CREATE DATABASE $db;
+GRANT CREATE ON DATABASE $db TO idem_sqled_h_owner;
+SQL
+$psql -X -q -v ON_ERROR_STOP=1 -d $db -U idem_sqled_h_owner -v schema=idempotency \
+    -f "$here/idempotency_sql.sql"
+$psql -X -q -v ON_ERROR_STOP=1 -d $db -U idem_sqled_h_owner <<'SQL'
+GRANT USAGE ON SCHEMA idempotency TO idem_sqled_h_app, idem_sqled_h_app2;
+GRANT EXECUTE ON FUNCTION idempotency.idem_claim, idempotency.idem_claim_text,
+      idempotency.idem_complete, idempotency.idem_fail, idempotency.idem_heartbeat,
+      idempotency.idem_checkpoint, idempotency.idem_replay, idempotency.idem_resolve,
+      idempotency.idem_list, idempotency.idem_inbox, idempotency.idem_claim_many
+   TO idem_sqled_h_app, idem_sqled_h_app2;
+SQL
+as_super -c "ALTER ROLE idem_sqled_h_app SET search_path = idempotency" \
+         -c "ALTER ROLE idem_sqled_h_app2 SET search_path = idempotency"
+
+# 1. idem__finish, the body of idem_complete and idem_fail, called directly
+# writes only what those write: not a processing record without token or
+# lease (in_progress for ever), not unknown, not succeeded through
+# idem_fail's privilege, not a resource_id with a failure.
+token=$(as_app -c "SELECT token FROM idem_claim('op', 'finish-1', '{}')")
+for args in "'idem_complete', '$token', 'processing', 200" \
+            "'idem_complete', '$token', 'unknown', 200" \
+            "'idem_complete', '$token', 'failed', 500" \
+            "'idem_fail', '$token', 'succeeded', 200" \
+            "'elsewhere', '$token', 'failed', 500"; do
+    out=$(as_app -c "SELECT idem__finish('idem_sqled_h_app', $args, '{}', NULL, NULL, NULL)" 2>&1) \
+        && fail "idem__finish($args) wrote the record"
+    echo "$out" | grep -q 'invalid outcome for an attempt token' || fail "idem__finish($args): $out"
+done
+out=$(as_app -c "SELECT idem__finish('idem_sqled_h_app', 'idem_fail', '$token', 'failed', 500, '{}', NULL, 'r-1', NULL)" 2>&1) \
+    && fail "idem__finish stored a resource_id with a failure"
+[ "$(as_app -c "SELECT state FROM idem_replay('op', 'finish-1')")" = processing ] \
+    || fail "a refused idem__finish changed the record"
+as_app -c "SELECT idem_complete('$token', 201)" >/dev/null
+[ "$(as_app -c "SELECT outcome || ' ' || http_status FROM idem_claim('op', 'finish-1', '{}')")" = "replay 201" ] \
+    || fail "idem_complete no longer completes"
+
+# 2. An advisory lock taken by another role on the hash of a key (computed
+# with the edition's own function, or seen in pg_locks while a claim held
+# it) does not keep the key from being claimed: a claim answers proceed,
+# not in_progress, while it is held; idem_inbox and idem_claim_many too.
+$psql -X -q -d $db -U idem_sqled_h_app2 -v ON_ERROR_STOP=1 \
+      -c "SET application_name = 'idem_h_squatter'" \
+      -c "SELECT pg_advisory_lock(idem__key_lock_id('idem_sqled_h_app'::regrole, '', '', k, 'order-1'))
+            FROM unnest(ARRAY['pay', 'consumer', 'many']) AS k" \
+      -c "SELECT pg_sleep(120)" >/dev/null 2>&1 &
+wait_for_lock idem_h_squatter
+[ "$(as_app -c "SELECT outcome FROM idem_claim('pay', 'order-1', '{}')")" = proceed ] \
+    || fail "another role's advisory lock kept a key from being claimed"
+[ "$(as_app -c "SELECT idem_inbox('consumer', 'order-1', '{}')")" = proceed ] \
+    || fail "another role's advisory lock kept a message from being recorded"
+[ "$(as_app -c "SELECT outcome FROM idem_claim_many('many', ARRAY['order-1'], wait => '200ms')")" = proceed ] \
+    || fail "another role's advisory lock kept a key of idem_claim_many from being claimed"
+end_session idem_h_squatter
+
+# ... while a claim of the role's own that has not ended is still found by
+# the lock: in_progress at once, never a second proceed.
+$psql -X -q -d $db -U idem_sqled_h_app -v ON_ERROR_STOP=1 \
+      -c "SET application_name = 'idem_h_claimer'" \
+      -c "BEGIN" -c "SELECT idem_claim('pay', 'order-2', '{}')" \
+      -c "SELECT pg_sleep(120)" >/dev/null 2>&1 &
+wait_for_lock idem_h_claimer
+[ "$(as_app -c "SELECT outcome FROM idem_claim('pay', 'order-2', '{}')")" = in_progress ] \
+    || fail "a claim did not see the role's own claim of the key in progress"
+end_session idem_h_claimer
+
+# 3. A setting beyond what PostgreSQL reads as a number is refused as the
+# C edition refuses it at SET (22023, its message and hint), not with a
+# numeric overflow (22003); a fraction is rounded half to even, as
+# PostgreSQL rounds it.
+check_setting() {
+    out=$(as_app -v VERBOSITY=verbose -c "SET idempotency.default_ttl = '$1'" \
+                 -c "SELECT outcome FROM idem_claim('op', 'setting', NULL)" 2>&1) \
+        && fail "default_ttl = '$1' accepted"
+    echo "$out" | grep -qF "$2" || fail "default_ttl = '$1': $out"
+}
+check_setting 1e1000000 'ERROR:  22023: invalid value for parameter "idempotency.default_ttl": "1e1000000"'
+check_setting 1e400 'ERROR:  22023: invalid value for parameter "idempotency.default_ttl": "1e400"'
+check_setting 99999999999999999999999 'HINT:  Value exceeds integer range.'
+check_setting 2147483648 'HINT:  Value exceeds integer range.'
+check_setting 0.5 'ERROR:  22023: 0 s is outside the valid range for parameter "idempotency.default_ttl" (1 .. 2147483647)'
+[ "$(as_app -c "SET idempotency.default_ttl = '2.5'" \
+            -c "SELECT extract(epoch FROM (o).ttl_value)
+                  FROM (SELECT idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject') AS o) AS x")" = 2.000000 ] \
+    || fail "default_ttl = '2.5' not rounded half to even"
+
+echo "hostile: direct calls of private functions, another role's advisory locks and settings beyond a number checked"
