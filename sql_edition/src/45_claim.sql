@@ -20,14 +20,24 @@
 -- expired) are one read: no lock, no subtransaction, no WAL.
 --
 -- A new key is inserted with INSERT ... ON CONFLICT (key, operation, caller, tenant, role) DO NOTHING: never a
--- 23505, and never two proceeds, since the unique index decides.  An
--- insert that meets another transaction's uncommitted insert of the same
--- key waits for it in the lock manager; lock_timeout, set for the insert
--- alone (transaction-locally, restored afterwards) to what is left of
--- `wait` (1 ms when wait is 0), bounds that wait, and the block's
--- exception handler turns 55P03 into in_progress.  That block is a
--- subtransaction: a new key costs one, and a transaction claiming many
--- keys takes a subtransaction id per key (see the README).  An existing
+-- 23505, and never two proceeds, since the unique index decides.  Before
+-- it, the claim takes a transaction-level advisory lock on a 64-bit hash of
+-- the scope and key (idem__key_lock_id), without waiting: a claim that
+-- cannot have it meets another transaction inserting the same key and not
+-- yet ended, and answers in_progress at once (or waits for that lock, no
+-- longer than what is left of `wait`).  So the insert itself never waits
+-- for another claim of its key, and only for what any INSERT waits for (the
+-- owner's DDL, the table's file being extended), as in the C edition: an
+-- answer of in_progress always means another attempt of the key.  The lock
+-- goes with the transaction, or with the savepoint rolled back.  A
+-- transaction therefore holds one lock-table entry per key it inserted
+-- until it ends: a transaction may insert about max_locks_per_transaction
+-- x (max_connections + max_prepared_transactions) new keys, where the C
+-- edition has no such bound (docs/editions.md).  Two scopes whose hashes
+-- collide (one chance in 2^64 per pair of concurrent claims) would answer
+-- in_progress to each other, never proceed twice.  The insert runs in a
+-- block whose handler keeps a constraint error's DETAIL (the row's values)
+-- from the client: a subtransaction per new key.  An existing
 -- record is changed by an UPDATE of the version the decision was made on,
 -- locked FOR UPDATE SKIP LOCKED, which never waits; a claim with time left
 -- to wait then waits for the row's writer in a subtransaction rolled back
@@ -85,14 +95,27 @@ LANGUAGE sql IMMUTABLE
 RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, 409, NULL, NULL,
            'IDEMPOTENCY_REQUEST_IN_PROGRESS', 1, NULL, NULL)::idem_decision;
 
+-- The advisory lock that a transaction inserting a key holds until it
+-- ends: a hash of the scope and key, each part's length before it so that
+-- no two scopes give the same text.
+CREATE OR REPLACE FUNCTION idem__key_lock_id(p_role regrole, p_tenant text, p_caller text,
+                                             p_operation text, p_key text)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+RETURN pg_catalog.hashtextextended(
+           pg_catalog.concat_ws(':', p_role::oid, pg_catalog.octet_length(p_tenant), p_tenant,
+                                pg_catalog.octet_length(p_caller), p_caller,
+                                pg_catalog.octet_length(p_operation), p_operation, p_key),
+           7212);
+
 -- Insert attempt 1 of a new command, or an inbox message (p_inbox:
 -- succeeded at once, without token or lease).  Answers proceed; in_progress
 -- when another transaction is inserting the key and has not ended by the
 -- deadline; a NULL outcome when a record of the key was committed since
--- the caller's read (read it again).  The wait for the other transaction
--- is bounded by lock_timeout, set for the insert alone; the block's
--- exception handler is also what keeps a constraint error's DETAIL (the
--- row's values, the token's secret among them) from the client.
+-- the caller's read (read it again).  The other transaction is found by
+-- the key's advisory lock, waited for no longer than the deadline; the
+-- block's exception handler keeps a constraint error's DETAIL (the row's
+-- values, the token's secret among them) from the client.
 CREATE OR REPLACE FUNCTION idem__insert_new(p_role regrole, p_operation text, p_key text,
                                             p_tenant text, p_caller text, p_fingerprint bytea,
                                             p_ttl interval, p_lease_us bigint,
@@ -103,6 +126,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     secret bytea;
     saved_timeout text := pg_catalog.current_setting('lock_timeout');
+    key_lock bigint;
     new_id bigint;
     same_row boolean;
     dummy text;
@@ -119,10 +143,29 @@ BEGIN
     IF NOT p_inbox THEN
         secret := pg_catalog.uuid_send(pg_catalog.gen_random_uuid());
     END IF;
+    key_lock := idem__key_lock_id(p_role, p_tenant, p_caller, p_operation, p_key);
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(key_lock) THEN
+        -- another transaction is inserting the key and has not ended
+        -- (waited for under REPEATABLE READ too: if it commits, the insert
+        -- raises 40001 as the C edition does; if it rolls back, the key is
+        -- free)
+        IF pg_catalog.clock_timestamp() >= p_deadline THEN
+            RETURN idem__answer_busy();
+        END IF;
+        BEGIN
+            dummy := pg_catalog.set_config('lock_timeout',
+                         GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
+                         true);
+            PERFORM pg_catalog.pg_advisory_xact_lock(key_lock);
+            dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
+        EXCEPTION
+            WHEN lock_not_available THEN
+                RETURN idem__answer_busy();
+        END;
+        -- it ended: its record, if it committed one, makes the insert do
+        -- nothing, and the caller reads it
+    END IF;
     BEGIN
-        dummy := pg_catalog.set_config('lock_timeout',
-                                       GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - now_ts) * 1000))::text || 'ms',
-                                       true);
         INSERT INTO idem_records AS t
                (role, tenant, caller, operation, key, fingerprint, state, attempt,
                 attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
