@@ -373,10 +373,14 @@ SELECT operation,
 -- the message and SQLSTATE (22023) that the C extension gives at SET.
 --
 
+-- Each reader is an inlinable SQL function that answers the default when
+-- the setting was never set (the common case: no function call, no
+-- parsing), and calls the parser otherwise.
+
 -- An integer setting, in its base unit (unit: NULL, 's', 'ms', 'B' or
 -- 'kB'), parsed as PostgreSQL parses an integer setting: a number (a
 -- fraction is rounded), optionally followed by a unit of the same kind.
-CREATE OR REPLACE FUNCTION idem_setting_integer(
+CREATE OR REPLACE FUNCTION idem__setting_integer_parse(
     name      text,
     boot      integer,
     min_value integer,
@@ -456,7 +460,7 @@ $$;
 
 -- An enum setting: one of allowed, compared without regard to case as
 -- PostgreSQL does; returns the allowed spelling.
-CREATE OR REPLACE FUNCTION idem_setting_enum(name text, boot text, allowed text[])
+CREATE OR REPLACE FUNCTION idem__setting_enum_parse(name text, boot text, allowed text[])
 RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $$
@@ -478,7 +482,7 @@ END
 $$;
 
 -- A Boolean setting: what boolean input accepts, as PostgreSQL's setting.
-CREATE OR REPLACE FUNCTION idem_setting_boolean(name text, boot boolean)
+CREATE OR REPLACE FUNCTION idem__setting_boolean_parse(name text, boot boolean)
 RETURNS boolean
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $$
@@ -494,6 +498,29 @@ EXCEPTION WHEN invalid_text_representation THEN
         USING ERRCODE = '22023';
 END
 $$;
+
+CREATE OR REPLACE FUNCTION idem_setting_integer(
+    name      text,
+    boot      integer,
+    min_value integer,
+    max_value integer,
+    unit      text DEFAULT NULL)
+RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
+            ELSE idem__setting_integer_parse(name, boot, min_value, max_value, unit) END;
+
+CREATE OR REPLACE FUNCTION idem_setting_enum(name text, boot text, allowed text[])
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
+            ELSE idem__setting_enum_parse(name, boot, allowed) END;
+
+CREATE OR REPLACE FUNCTION idem_setting_boolean(name text, boot boolean)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
+            ELSE idem__setting_boolean_parse(name, boot) END;
 
 -- src/15_guard.sql
 --
@@ -1829,31 +1856,10 @@ CREATE OR REPLACE FUNCTION idem__key_lock_id(p_role regrole, p_tenant text, p_ca
 RETURNS bigint
 LANGUAGE sql IMMUTABLE
 RETURN pg_catalog.hashtextextended(
-           pg_catalog.concat_ws(':', p_role::oid, pg_catalog.octet_length(p_tenant), p_tenant,
-                                pg_catalog.octet_length(p_caller), p_caller,
-                                pg_catalog.octet_length(p_operation), p_operation, p_key),
+           p_role::oid::text || ':' || pg_catalog.octet_length(p_tenant)::text || ':' || p_tenant
+           || pg_catalog.octet_length(p_caller)::text || ':' || p_caller
+           || pg_catalog.octet_length(p_operation)::text || ':' || p_operation || p_key,
            7212);
-
--- Whether the key's advisory lock is held by a session whose user could
--- not act as the role (a claim of the scope runs only in a session that
--- may), so by something that is no claim of the key: advisory locks are
--- open to every role of the database, and pg_locks shows every lock held.
--- Read only when the lock is not free.  A holder without a session (a
--- prepared transaction) may be a claim.
-CREATE OR REPLACE FUNCTION idem__key_lock_foreign(key_lock bigint, p_role regrole)
-RETURNS boolean
-LANGUAGE sql STABLE
-RETURN EXISTS (
-    SELECT FROM pg_catalog.pg_locks AS l
-      JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) l.pid
-     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
-       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d
-                                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-       AND l.classid OPERATOR(pg_catalog.=) ((key_lock OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::oid
-       AND l.objid OPERATOR(pg_catalog.=) (key_lock OPERATOR(pg_catalog.&) 4294967295)::oid
-       AND l.objsubid OPERATOR(pg_catalog.=) 1
-       AND a.usesysid IS NOT NULL
-       AND NOT pg_catalog.pg_has_role(a.usesysid, p_role, 'MEMBER'));
 
 -- Insert attempt 1 of a new command, or an inbox message (p_inbox:
 -- succeeded at once, without token or lease).  Answers proceed; in_progress
@@ -3825,7 +3831,11 @@ DECLARE
         'idem_heartbeat(text,interval)',
         'idem_checkpoint(text,text)',
         'idem_resolve(bigint,text,integer,jsonb,jsonb,bytea)',
+        'idem_setting_integer(text,integer,integer,integer,text)',
+        'idem_setting_enum(text,text,text[])',
+        'idem_setting_boolean(text,boolean)',
         'idem__no_request()',
+        'idem__key_lock_id(regrole,text,text,text,text)',
         'idem__new_secret()',
         'idem__token_format(bigint,integer,bytea)',
         'idem__max_key_length()',

@@ -8,10 +8,14 @@
 -- the message and SQLSTATE (22023) that the C extension gives at SET.
 --
 
+-- Each reader is an inlinable SQL function that answers the default when
+-- the setting was never set (the common case: no function call, no
+-- parsing), and calls the parser otherwise.
+
 -- An integer setting, in its base unit (unit: NULL, 's', 'ms', 'B' or
 -- 'kB'), parsed as PostgreSQL parses an integer setting: a number (a
 -- fraction is rounded), optionally followed by a unit of the same kind.
-CREATE OR REPLACE FUNCTION idem_setting_integer(
+CREATE OR REPLACE FUNCTION idem__setting_integer_parse(
     name      text,
     boot      integer,
     min_value integer,
@@ -91,7 +95,7 @@ $$;
 
 -- An enum setting: one of allowed, compared without regard to case as
 -- PostgreSQL does; returns the allowed spelling.
-CREATE OR REPLACE FUNCTION idem_setting_enum(name text, boot text, allowed text[])
+CREATE OR REPLACE FUNCTION idem__setting_enum_parse(name text, boot text, allowed text[])
 RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $$
@@ -113,7 +117,7 @@ END
 $$;
 
 -- A Boolean setting: what boolean input accepts, as PostgreSQL's setting.
-CREATE OR REPLACE FUNCTION idem_setting_boolean(name text, boot boolean)
+CREATE OR REPLACE FUNCTION idem__setting_boolean_parse(name text, boot boolean)
 RETURNS boolean
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $$
@@ -129,3 +133,26 @@ EXCEPTION WHEN invalid_text_representation THEN
         USING ERRCODE = '22023';
 END
 $$;
+
+CREATE OR REPLACE FUNCTION idem_setting_integer(
+    name      text,
+    boot      integer,
+    min_value integer,
+    max_value integer,
+    unit      text DEFAULT NULL)
+RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
+            ELSE idem__setting_integer_parse(name, boot, min_value, max_value, unit) END;
+
+CREATE OR REPLACE FUNCTION idem_setting_enum(name text, boot text, allowed text[])
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
+            ELSE idem__setting_enum_parse(name, boot, allowed) END;
+
+CREATE OR REPLACE FUNCTION idem_setting_boolean(name text, boot boolean)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
+            ELSE idem__setting_boolean_parse(name, boot) END;
