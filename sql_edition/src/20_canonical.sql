@@ -47,8 +47,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
 SELECT CASE WHEN octet_length(name) = length(name) THEN name
             ELSE regexp_replace(regexp_replace(name,
-                     '([\uE000-\uFFFF])', U&'\E001' || '\1', 'g'),
-                     '([\U00010000-\U0010FFFF])', U&'\E000' || '\1', 'g')
+                     E'([\\uE000-\\uFFFF])', chr(57345) || E'\\1', 'g'),
+                     E'([\\U00010000-\\U0010FFFF])', chr(57344) || E'\\1', 'g')
        END
 $$;
 
@@ -205,7 +205,7 @@ CREATE OR REPLACE FUNCTION idem__pretty(pretty bytea, depth integer) RETURNS byt
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
-    indent bytea := '\x0a'::bytea || decode(repeat('20', 4 * depth + 4), 'hex');
+    indent bytea := E'\\x0a'::bytea || decode(repeat('20', 4 * depth + 4), 'hex');
     body bytea;
     nested bytea;
     open integer;
@@ -215,19 +215,19 @@ BEGIN
     -- between the opening line's break and indentation and the closing line's
     body := substring(pretty FROM 4 * depth + 7 FOR greatest(length(pretty) - 8 * depth - 8, 0));
     LOOP
-        open := position('\x7b0a'::bytea IN body);                     -- {\n
-        other := position('\x5b0a'::bytea IN body);                    -- [\n
+        open := position(E'\\x7b0a'::bytea IN body);                     -- {\n
+        other := position(E'\\x5b0a'::bytea IN body);                    -- [\n
         IF open = 0 OR (other > 0 AND other < open) THEN
             open := other;
         END IF;
         EXIT WHEN open = 0;
         close := open + length(indent)
-                 + position(indent || CASE get_byte(body, open - 1) WHEN 123 THEN '\x7d'::bytea ELSE '\x5d'::bytea END
+                 + position(indent || CASE get_byte(body, open - 1) WHEN 123 THEN E'\\x7d'::bytea ELSE E'\\x5d'::bytea END
                             IN substring(body FROM open));
         nested := substring(body FROM open FOR close - open);
         -- a container without containers is written here, without a call
-        IF position('\x7b0a'::bytea IN substring(nested FROM 2)) = 0
-           AND position('\x5b0a'::bytea IN substring(nested FROM 2)) = 0 THEN
+        IF position(E'\\x7b0a'::bytea IN substring(nested FROM 2)) = 0
+           AND position(E'\\x5b0a'::bytea IN substring(nested FROM 2)) = 0 THEN
             nested := idem__pretty_join(substring(nested FROM 4 * depth + 11
                                                   FOR greatest(length(nested) - 8 * depth - 16, 0)),
                                         depth + 1, get_byte(nested, 0));
@@ -352,7 +352,7 @@ BEGIN
     -- "": "" is taken for the end of a name: a name or string that begins
     -- with ": " would look the same after its opening quote, which always
     -- follows a space
-    IF octet_length(pretty) > 2000 OR strpos(pretty, '\') > 0 OR strpos(pretty, ' ": ') > 0 THEN
+    IF octet_length(pretty) > 2000 OR strpos(pretty, E'\\') > 0 OR strpos(pretty, ' ": ') > 0 THEN
         RETURN NULL;
     END IF;
     -- a number needing an exponent has 22 digits in a row, or "0.000000":
@@ -365,16 +365,16 @@ BEGIN
     END IF;
     -- a number ends a line: drop the zeros that end its fraction
     IF strpos(pretty, E'0\n') > 0 OR strpos(pretty, E'0,\n') > 0 THEN
-        pretty := regexp_replace(pretty, '(\.[0-9]*[1-9])0+(?=,?\n)|\.0+(?=,?\n)', '\1', 'g');
+        pretty := regexp_replace(pretty, E'(\\.[0-9]*[1-9])0+(?=,?\\n)|\\.0+(?=,?\\n)', E'\\1', 'g');
     END IF;
     bytes := convert_to(replace(pretty, '": ', chr(1)), getdatabaseencoding());
     -- lead bytes of the characters from U+E000 on in UTF-8 (a regular
     -- expression on text of more than one byte per character costs more)
     IF octet_length(pretty) <> length(pretty)
-       AND (position('\xee'::bytea IN bytes) > 0 OR position('\xef'::bytea IN bytes) > 0
-            OR position('\xf0'::bytea IN bytes) > 0 OR position('\xf1'::bytea IN bytes) > 0
-            OR position('\xf2'::bytea IN bytes) > 0 OR position('\xf3'::bytea IN bytes) > 0
-            OR position('\xf4'::bytea IN bytes) > 0) THEN
+       AND (position(E'\\xee'::bytea IN bytes) > 0 OR position(E'\\xef'::bytea IN bytes) > 0
+            OR position(E'\\xf0'::bytea IN bytes) > 0 OR position(E'\\xf1'::bytea IN bytes) > 0
+            OR position(E'\\xf2'::bytea IN bytes) > 0 OR position(E'\\xf3'::bytea IN bytes) > 0
+            OR position(E'\\xf4'::bytea IN bytes) > 0) THEN
         RETURN NULL;
     END IF;
     RETURN idem__pretty(bytes, 0);
@@ -459,7 +459,7 @@ BEGIN
                   HINT = 'Raise idempotency.max_key_length to accept longer keys.';
     END IF;
     -- the first byte outside printable ASCII begins the first such character
-    bad := substring(key FROM '[^\x20-\x7e]');
+    bad := substring(key FROM E'[^\\x20-\\x7e]');
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'idempotency key must be printable ASCII'
             USING ERRCODE = 'invalid_parameter_value',
@@ -476,7 +476,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   DETAIL = format('It is %s bytes long; the limit is %s.', length(step_bytes), max_length);
     END IF;
-    bad := substring(step FROM '[\x01-\x1f\x7f]');
+    bad := substring(step FROM E'[\\x01-\\x1f\\x7f]');
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'step must not contain control characters'
             USING ERRCODE = 'invalid_parameter_value',
@@ -484,7 +484,7 @@ BEGIN
                                   lpad(to_hex(ascii(bad)), 2, '0'));
     END IF;
 
-    digest := sha256('\x6964656d706f74656e6379206465726976655f6b657920763100'::bytea
+    digest := sha256(E'\\x6964656d706f74656e6379206465726976655f6b657920763100'::bytea
                      || int4send(length(key_bytes)) || key_bytes
                      || int4send(length(step_bytes)) || step_bytes);
     digest := set_byte(digest, 6, (get_byte(digest, 6) & 15) | 128);      -- version 8
