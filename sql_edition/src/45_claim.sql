@@ -111,6 +111,27 @@ RETURN pg_catalog.hashtextextended(
            || pg_catalog.octet_length(p_operation)::text || ':' || p_operation || p_key,
            7212);
 
+-- Whether the key's advisory lock is held by a session whose user could
+-- not act as the role (a claim of the scope runs only in a session that
+-- may), so by something that is no claim of the key: advisory locks are
+-- open to every role of the database, and pg_locks shows every lock held.
+-- Read only when the lock is not free.  A holder without a session (a
+-- prepared transaction) may be a claim.
+CREATE OR REPLACE FUNCTION idem__key_lock_foreign(key_lock bigint, p_role regrole)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN EXISTS (
+    SELECT FROM pg_catalog.pg_locks AS l
+      JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d
+                                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid OPERATOR(pg_catalog.=) ((key_lock OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::oid
+       AND l.objid OPERATOR(pg_catalog.=) (key_lock OPERATOR(pg_catalog.&) 4294967295)::oid
+       AND l.objsubid OPERATOR(pg_catalog.=) 1
+       AND a.usesysid IS NOT NULL
+       AND NOT pg_catalog.pg_has_role(a.usesysid, p_role, 'MEMBER'));
+
 -- Insert attempt 1 of a new command, or an inbox message (p_inbox:
 -- succeeded at once, without token or lease).  Answers proceed; in_progress
 -- when another transaction is inserting the key and has not ended by the
