@@ -50,6 +50,10 @@ if ! grep -Eq '^containers written by the string path ([5-9][0-9]{2}|[0-9]{4,}),
     log "FAILED: too few documents took one of the SQL edition's two paths (above)"
     exit 1
 fi
+if ! grep -Eq '^objects written in one call ([2-9][0-9]{2}|[0-9]{4,})$' "$OUT"; then
+    log "FAILED: too few objects were written by the SQL edition's one-call path (above)"
+    exit 1
+fi
 
 log "the C edition's regression files against the SQL edition"
 failed=0
