@@ -1054,9 +1054,9 @@ END;
 $$;
 
 -- The canonical text of any value, in the database encoding.  An object
--- of a plain document whose members hold scalars and containers of
--- scalars (most requests) is written here, in one call, from its
--- idem__plain_pretty text:
+-- of a plain document whose members hold scalars, containers of scalars
+-- and arrays of objects of scalars (most requests) is written here, in
+-- one call, from its idem__plain_pretty text:
 --
 -- A line of that text is a bracket or a member or element (strings hold
 -- no line break), a quote only opens or closes a string, and indentation
@@ -1079,8 +1079,10 @@ DECLARE
     body text;
     chunks text[];
     parts text[];
+    elements text[];
     flat boolean := true;
     i integer;
+    j integer;
 BEGIN
     IF pg_catalog.jsonb_typeof(doc) NOT IN ('object', 'array') THEN
         RETURN pg_catalog.convert_to(idem__value(doc, 0), pg_catalog.getdatabaseencoding());
@@ -1110,7 +1112,25 @@ BEGIN
                              ',') || '}';
             CONTINUE;
         END IF;
-        parts := CASE WHEN pg_catalog.cardinality(parts) = 1 THEN pg_catalog.string_to_array(chunks[i], E'[\n        ') END;
+        -- an array of objects that hold no container, members at twelve
+        -- spaces: nothing else of it is on a line of its own
+        parts := pg_catalog.string_to_array(chunks[i], E'[\n        {\n            ');
+        IF pg_catalog.cardinality(parts) = 2
+           AND pg_catalog.strpos(pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(parts[2],
+                   E'\n        },\n        {\n            ', ''), E',\n            "', ''), E'\n        }', ''),
+                   E'\n') = 0 THEN
+            elements := pg_catalog.string_to_array(
+                pg_catalog.replace(parts[2], E'\n        },\n        {\n            ', E'\n        }'),
+                E'\n        }');
+            FOR j IN 1 .. pg_catalog.cardinality(elements) - 1 LOOP
+                elements[j] := '{' || pg_catalog.array_to_string(pg_catalog.tsvector_to_array(
+                                   pg_catalog.array_to_tsvector(pg_catalog.string_to_array(
+                                       elements[j], E',\n            '))), ',') || '}';
+            END LOOP;
+            chunks[i] := parts[1] || '[' || pg_catalog.array_to_string(elements[1:pg_catalog.cardinality(elements) - 1], ',') || ']';
+            CONTINUE;
+        END IF;
+        parts := CASE WHEN pg_catalog.strpos(chunks[i], E'{\n') = 0 THEN pg_catalog.string_to_array(chunks[i], E'[\n        ') END;
         IF coalesce(pg_catalog.cardinality(parts), 0) <> 2 THEN
             flat := false;
             EXIT;
