@@ -1022,56 +1022,182 @@ SELECT CASE jsonb_typeof(member)
 END
 $$;
 
--- The canonical text of a container, in the database encoding, when the
--- document is plain, else NULL.  A plain document has no backslash in its
--- text (so no escape: no quote, backslash or control character in any
--- name or string), no character from U+E000 on (so code point order is
--- UTF-16 order), no number that needs an exponent (from 1e21 on, or below
--- 1e-6), and is short enough for every piece idem__pretty sorts to fit in
--- a lexeme (2047 bytes).  Most requests are, and for them the whole text
--- is written by string functions, one call per container.
-CREATE OR REPLACE FUNCTION idem__plain(doc jsonb) RETURNS bytea
+-- The text jsonb_pretty writes for a plain document, else NULL, with its
+-- numbers in ECMAScript form and "": "" (the end of each name) as U+0001.
+-- A plain document has no backslash in its text (so no escape: no quote,
+-- backslash or control character in any name or string), no character
+-- from U+E000 on (so code point order is UTF-16 order), no number that
+-- needs an exponent (from 1e21 on, or below 1e-6) and is short enough for
+-- every piece that is sorted to fit in a lexeme (2047 bytes).  Most
+-- requests are.
+CREATE OR REPLACE FUNCTION idem__plain_pretty(doc jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
     pretty text;
-    bytes bytea;
+    chunks text[];
+    ending text;
+    i integer;
 BEGIN
     -- indentation grows with depth: a deep document's text would be huge
-    IF pg_column_size(doc) > 6000 THEN
+    IF pg_catalog.pg_column_size(doc) > 6000 THEN
         RETURN NULL;
     END IF;
-    pretty := jsonb_pretty(doc);
+    pretty := pg_catalog.jsonb_pretty(doc);
     -- "": "" is taken for the end of a name: a name or string that begins
     -- with ": " would look the same after its opening quote, which always
-    -- follows a space
-    IF octet_length(pretty) > 2000 OR strpos(pretty, E'\\') > 0 OR strpos(pretty, ' ": ') > 0 THEN
+    -- follows a space.  A number below 1e-6 is written 0.000000...
+    IF pg_catalog.octet_length(pretty) > 2000 OR pg_catalog.strpos(pretty, E'\\') > 0
+       OR pg_catalog.strpos(pretty, ' ": ') > 0 OR pg_catalog.strpos(pretty, '0.000000') > 0 THEN
         RETURN NULL;
     END IF;
-    -- a number needing an exponent has 22 digits in a row, or "0.000000":
-    -- an ASCII text without them is not searched for such a number (a
-    -- regular expression on other text costs more than the search)
-    IF octet_length(pretty) <> length(pretty) OR strpos(pretty, '0.000000') > 0 OR pretty ~ '[0-9]{22}' THEN
-        IF jsonb_path_exists(doc, '$.** ? (@ >= 1e21 || @ <= -1e21 || (@ < 0.000001 && @ > -0.000001 && @ != 0))') THEN
-            RETURN NULL;
-        END IF;
-    END IF;
-    -- a number ends a line: drop the zeros that end its fraction
-    IF strpos(pretty, E'0\n') > 0 OR strpos(pretty, E'0,\n') > 0 THEN
-        pretty := regexp_replace(pretty, E'(\\.[0-9]*[1-9])0+(?=,?\\n)|\\.0+(?=,?\\n)', E'\\1', 'g');
-    END IF;
-    bytes := convert_to(replace(pretty, '": ', chr(1)), getdatabaseencoding());
-    -- lead bytes of the characters from U+E000 on in UTF-8 (a regular
-    -- expression on text of more than one byte per character costs more)
-    IF octet_length(pretty) <> length(pretty)
-       AND (position(E'\\xee'::bytea IN bytes) > 0 OR position(E'\\xef'::bytea IN bytes) > 0
-            OR position(E'\\xf0'::bytea IN bytes) > 0 OR position(E'\\xf1'::bytea IN bytes) > 0
-            OR position(E'\\xf2'::bytea IN bytes) > 0 OR position(E'\\xf3'::bytea IN bytes) > 0
-            OR position(E'\\xf4'::bytea IN bytes) > 0) THEN
+    -- .abs() of anything but a number is an error, which a filter takes
+    -- for false: this finds the numbers from 1e21 on, either sign (a
+    -- regular expression for 22 digits costs more)
+    IF pg_catalog.jsonb_path_exists(doc, 'lax $.** ? (@.abs() >= 1e21)') THEN
         RETURN NULL;
     END IF;
-    RETURN idem__pretty(bytes, 0);
+    IF pg_catalog.octet_length(pretty) <> pg_catalog.length(pretty)
+       AND pretty ~ E'[\\uE000-\\U0010FFFF]' THEN
+        RETURN NULL;
+    END IF;
+    -- A number ends a line, and only a number ends one with a digit: the
+    -- text is cut after each number ending in 0, before its line break
+    -- (and comma), which leaves the number's last 0 out.  The number is
+    -- what follows the last space of a piece; when it has a point, its
+    -- fraction loses its trailing zeros, and the point when nothing is
+    -- left after it.
+    IF pg_catalog.strpos(pretty, '.') > 0 THEN
+        FOREACH ending IN ARRAY ARRAY[E'0,\n', E'0\n'] LOOP
+            CONTINUE WHEN pg_catalog.strpos(pretty, ending) = 0;
+            chunks := pg_catalog.string_to_array(pretty, ending);
+            FOR i IN 1 .. pg_catalog.cardinality(chunks) - 1 LOOP
+                IF pg_catalog.strpos(pg_catalog.split_part(chunks[i], ' ', -1), '.') > 0 THEN
+                    chunks[i] := pg_catalog.rtrim(pg_catalog.rtrim(chunks[i], '0'), '.')
+                                 || pg_catalog.ltrim(ending, '0');
+                ELSE
+                    chunks[i] := chunks[i] || ending;
+                END IF;
+            END LOOP;
+            pretty := pg_catalog.array_to_string(chunks, '');
+        END LOOP;
+    END IF;
+    RETURN pg_catalog.replace(pretty, '": ', pg_catalog.chr(1));
 END;
+$$;
+
+-- The canonical text of a container, in the database encoding, when the
+-- document is plain (idem__plain_pretty), else NULL: written by string
+-- functions, one call per container that holds containers.
+CREATE OR REPLACE FUNCTION idem__plain(doc jsonb) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+BEGIN
+    RETURN idem__pretty(pg_catalog.convert_to(idem__plain_pretty(doc), pg_catalog.getdatabaseencoding()), 0);
+END;
+$$;
+
+-- The canonical text of any value, in the database encoding.  An object
+-- of a plain document whose members hold scalars, containers of scalars
+-- and arrays of objects of scalars (most requests) is written here, in
+-- one call, from its idem__plain_pretty text:
+--
+-- A line of that text is a bracket or a member or element (strings hold
+-- no line break), a quote only opens or closes a string, and indentation
+-- is four spaces a level.  So a line break and four spaces, then a
+-- closing bracket, ends a container of a member, and the pieces between
+-- these are each the members before such a container and the container
+-- up to its opening bracket, a line break and eight spaces, then its
+-- members or elements, one a line at eight spaces.  The members of the
+-- document are what lies between a comma, a line break, four spaces and
+-- a quote.  Members are sorted by array_to_tsvector, which sorts strings
+-- byte by byte with a shorter one first on a common prefix: code point
+-- order of the names (U+0001 ends each name, below every byte of a name,
+-- and no two names are equal).  Other documents go to idem__pretty, which
+-- takes any plain container, or to idem__container, which takes any.
+CREATE OR REPLACE FUNCTION idem__canonical_bytes(doc jsonb) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    pretty text;
+    body text;
+    chunks text[];
+    parts text[];
+    elements text[];
+    flat boolean := true;
+    i integer;
+    j integer;
+BEGIN
+    IF pg_catalog.jsonb_typeof(doc) NOT IN ('object', 'array') THEN
+        RETURN pg_catalog.convert_to(idem__value(doc, 0), pg_catalog.getdatabaseencoding());
+    END IF;
+    pretty := idem__plain_pretty(doc);
+    IF pretty IS NULL THEN
+        RETURN pg_catalog.convert_to(idem__container(doc, 0), pg_catalog.getdatabaseencoding());
+    END IF;
+    IF pg_catalog.jsonb_typeof(doc) <> 'object' OR pretty = E'{\n}' THEN
+        RETURN idem__pretty(pg_catalog.convert_to(pretty, pg_catalog.getdatabaseencoding()), 0);
+    END IF;
+    -- the members, without the first one's opening quote
+    body := pg_catalog.replace(pg_catalog.replace(pretty, E'{\n    "', ''), E'\n}', '');
+    chunks := pg_catalog.string_to_array(
+        CASE WHEN pg_catalog.strpos(body, E'[\n') = 0 THEN body
+             ELSE pg_catalog.replace(body, E'\n    ]', E'\n    }') END,
+        E'\n    }');
+    -- each piece but the last ends with a container, opened by the only
+    -- bracket that ends a line in the piece when the container holds no
+    -- container (any bracket that does is followed by eight spaces or
+    -- more); its members or elements follow eight spaces
+    FOR i IN 1 .. pg_catalog.cardinality(chunks) - 1 LOOP
+        parts := pg_catalog.string_to_array(chunks[i], E'{\n        ');
+        IF pg_catalog.cardinality(parts) = 2 AND pg_catalog.strpos(chunks[i], E'[\n') = 0 THEN
+            chunks[i] := parts[1] || '{' || pg_catalog.array_to_string(pg_catalog.tsvector_to_array(
+                             pg_catalog.array_to_tsvector(pg_catalog.string_to_array(parts[2], E',\n        '))),
+                             ',') || '}';
+            CONTINUE;
+        END IF;
+        -- an array of objects that hold no container, members at twelve
+        -- spaces: nothing else of it is on a line of its own
+        parts := pg_catalog.string_to_array(chunks[i], E'[\n        {\n            ');
+        IF pg_catalog.cardinality(parts) = 2
+           AND pg_catalog.strpos(pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(parts[2],
+                   E'\n        },\n        {\n            ', ''), E',\n            "', ''), E'\n        }', ''),
+                   E'\n') = 0 THEN
+            elements := pg_catalog.string_to_array(
+                pg_catalog.replace(parts[2], E'\n        },\n        {\n            ', E'\n        }'),
+                E'\n        }');
+            FOR j IN 1 .. pg_catalog.cardinality(elements) - 1 LOOP
+                elements[j] := '{' || pg_catalog.array_to_string(pg_catalog.tsvector_to_array(
+                                   pg_catalog.array_to_tsvector(pg_catalog.string_to_array(
+                                       elements[j], E',\n            '))), ',') || '}';
+            END LOOP;
+            chunks[i] := parts[1] || '[' || pg_catalog.array_to_string(elements[1:pg_catalog.cardinality(elements) - 1], ',') || ']';
+            CONTINUE;
+        END IF;
+        parts := CASE WHEN pg_catalog.strpos(chunks[i], E'{\n') = 0 THEN pg_catalog.string_to_array(chunks[i], E'[\n        ') END;
+        IF coalesce(pg_catalog.cardinality(parts), 0) <> 2 THEN
+            flat := false;
+            EXIT;
+        END IF;
+        chunks[i] := parts[1] || '[' || pg_catalog.replace(parts[2], E',\n        ', ',') || ']';
+    END LOOP;
+    IF NOT flat THEN
+        RETURN idem__pretty(pg_catalog.convert_to(pretty, pg_catalog.getdatabaseencoding()), 0);
+    END IF;
+    RETURN pg_catalog.convert_to(pg_catalog.replace(
+        '{"' || pg_catalog.array_to_string(pg_catalog.tsvector_to_array(pg_catalog.array_to_tsvector(
+                    pg_catalog.string_to_array(pg_catalog.array_to_string(chunks, ''), E',\n    "'))), ',"')
+        || '}', pg_catalog.chr(1), '":'), pg_catalog.getdatabaseencoding());
+END;
+$$;
+
+-- The request fingerprint, for the edition's own functions: without a
+-- search_path of its own (which would be set and reset at each call) and
+-- inlined into the statement that calls it.
+CREATE OR REPLACE FUNCTION idem__fingerprint(doc jsonb) RETURNS bytea
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+SELECT pg_catalog.sha256(idem__canonical_bytes(doc))
 $$;
 
 -- RFC 8785 canonical JSON text of a value, with numbers kept exact.
@@ -1079,10 +1205,7 @@ CREATE OR REPLACE FUNCTION idem_canonical(value jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 BEGIN
-    IF jsonb_typeof(value) NOT IN ('object', 'array') THEN
-        RETURN idem__value(value, 0);
-    END IF;
-    RETURN coalesce(convert_from(idem__plain(value), getdatabaseencoding()), idem__container(value, 0));
+    RETURN convert_from(idem__canonical_bytes(value), getdatabaseencoding());
 END;
 $$;
 
@@ -1096,10 +1219,7 @@ CREATE OR REPLACE FUNCTION idem_fingerprint(value jsonb) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 BEGIN
-    IF jsonb_typeof(value) NOT IN ('object', 'array') THEN
-        RETURN sha256(convert_to(idem__value(value, 0), getdatabaseencoding()));
-    END IF;
-    RETURN sha256(coalesce(idem__plain(value), convert_to(idem__container(value, 0), getdatabaseencoding())));
+    RETURN idem__fingerprint(value);
 END;
 $$;
 
@@ -2454,13 +2574,13 @@ BEGIN
         o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
         RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
                                CASE WHEN request IS NULL THEN idem__no_request()
-                                    ELSE idem_fingerprint(request) END,
+                                    ELSE idem__fingerprint(request) END,
                                o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired,
                                false);
     END IF;
     RETURN idem__claim_plain(p_role, operation, key, tenant,
                              CASE WHEN request IS NULL THEN idem__no_request()
-                                  ELSE idem_fingerprint(request) END);
+                                  ELSE idem__fingerprint(request) END);
 END
 $$;
 
@@ -2472,7 +2592,7 @@ RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     fingerprint bytea := CASE WHEN request IS NULL THEN idem__no_request()
-                              ELSE idem_fingerprint(request::jsonb) END;
+                              ELSE idem__fingerprint(request::jsonb) END;
     o record;
 BEGIN
     IF NOT idem__plain_role(p_role, 'idem_claim_text(text, text, text, text)') THEN
@@ -2563,7 +2683,7 @@ BEGIN
     FOR i IN 1 .. n LOOP
         PERFORM idem__check_key(keys[i]);
         fingerprints[i] := CASE WHEN requests IS NULL THEN idem__no_request()
-                                ELSE idem_fingerprint(requests[i]) END;
+                                ELSE idem__fingerprint(requests[i]) END;
     END LOOP;
 
     deadline := pg_catalog.clock_timestamp() + o.wait_us * interval '1 microsecond';
@@ -2604,7 +2724,7 @@ BEGIN
     END IF;
     PERFORM idem__check_name(consumer, 'consumer', false);
     PERFORM idem__check_key(message_id);
-    fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem_fingerprint(message) END;
+    fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem__fingerprint(message) END;
     ttl_value := coalesce(ttl, idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                                * interval '1 second');
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);

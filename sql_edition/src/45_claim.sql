@@ -695,13 +695,13 @@ BEGIN
         o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
         RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
                                CASE WHEN request IS NULL THEN idem__no_request()
-                                    ELSE idem_fingerprint(request) END,
+                                    ELSE idem__fingerprint(request) END,
                                o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired,
                                false);
     END IF;
     RETURN idem__claim_plain(p_role, operation, key, tenant,
                              CASE WHEN request IS NULL THEN idem__no_request()
-                                  ELSE idem_fingerprint(request) END);
+                                  ELSE idem__fingerprint(request) END);
 END
 $$;
 
@@ -713,7 +713,7 @@ RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     fingerprint bytea := CASE WHEN request IS NULL THEN idem__no_request()
-                              ELSE idem_fingerprint(request::jsonb) END;
+                              ELSE idem__fingerprint(request::jsonb) END;
     o record;
 BEGIN
     IF NOT idem__plain_role(p_role, 'idem_claim_text(text, text, text, text)') THEN
@@ -804,7 +804,7 @@ BEGIN
     FOR i IN 1 .. n LOOP
         PERFORM idem__check_key(keys[i]);
         fingerprints[i] := CASE WHEN requests IS NULL THEN idem__no_request()
-                                ELSE idem_fingerprint(requests[i]) END;
+                                ELSE idem__fingerprint(requests[i]) END;
     END LOOP;
 
     deadline := pg_catalog.clock_timestamp() + o.wait_us * interval '1 microsecond';
@@ -845,7 +845,7 @@ BEGIN
     END IF;
     PERFORM idem__check_name(consumer, 'consumer', false);
     PERFORM idem__check_key(message_id);
-    fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem_fingerprint(message) END;
+    fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem__fingerprint(message) END;
     ttl_value := coalesce(ttl, idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                                * interval '1 second');
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);

@@ -50,6 +50,14 @@ if ! grep -Eq '^containers written by the string path ([5-9][0-9]{2}|[0-9]{4,}),
     log "FAILED: too few documents took one of the SQL edition's two paths (above)"
     exit 1
 fi
+if ! grep -Eq '^objects written in one call ([2-9][0-9]{2}|[0-9]{4,})$' "$OUT"; then
+    log "FAILED: too few objects were written by the SQL edition's one-call path (above)"
+    exit 1
+fi
+if ! grep -Eq '^plain objects with an array of objects of scalars ([4-9][0-9]|[0-9]{3,})$' "$OUT"; then
+    log "FAILED: too few plain objects held an array of objects of scalars (above)"
+    exit 1
+fi
 
 log "the C edition's regression files against the SQL edition"
 failed=0

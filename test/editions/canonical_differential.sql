@@ -8,6 +8,9 @@
 --
 \set ON_ERROR_STOP 1
 SET client_min_messages = warning;
+-- the SQL edition's helpers, called below to count the ways it took, run
+-- under their caller's search_path, as under the edition's own functions
+SET search_path = public, sqled;
 SELECT setseed(:seed);
 
 CREATE TEMP TABLE docs (id bigint GENERATED ALWAYS AS IDENTITY, kind text, doc jsonb);
@@ -37,7 +40,15 @@ SELECT 'edge', d::jsonb FROM (VALUES
     ('{"amount": 100.00, "currency": "EUR", "to": {"name": "Zoë", "iban": "DE89"}}'),
     ('{"a": 1, "a": 2, "b": {"c": 1, "c": [1, 2], "c ": 3}}'),
     ('[100.00, 1E2, -0.0, 2.50, 1e21, 1e-7, 0.000001, 5e-324, 1e1000, -1e-1000, 123e20]'),
-    ('{"n": [1.0, 10, 10.0, 100, 100.10, -0.50, 0.0, 1e2, 1.5e1, 1e-5, 12345678901234567890.10]}')
+    ('{"n": [1.0, 10, 10.0, 100, 100.10, -0.50, 0.0, 1e2, 1.5e1, 1e-5, 12345678901234567890.10]}'),
+    ('{"z": [1.50, 2.0, 10, 0.10], "a": {"k": 1.500, "j": 100, "a b": 0.0, "a": -0.50}, "a!": "x{", "b": "[", "c": {"x": "}"}}'),
+    ('{"k": 10.0, "l": [10.0], "m": {"n": 10.0, "o": 10}, "p": 0.10, "q": [0.10, 1]}'),
+    ('{"x": {"a": 1}, "y": {"b": [2]}}'), ('{"x": {"a": 1}, "y": {}}'), ('{"a": [], "b": [1, 2.50], "c": {}}'),
+    ('{"lines": [{"a": 1}], "b": 2}'), ('{"a{": {"b[": "{", "b": "]"}, "a[": ["{", "[", "}"], "a": "x,\n    \"y"}'),
+    ('{"k": {"": "", " ": " ", "!": "!"}, "": [""], " ": 1, "!": 2}'),
+    ('{"lines": [{"b": 1, "a": 2.50}, {"d": null, "c": 10.0, "c ": "}"}], "k": [{"x": 1}, 2], "e": [{}]}'),
+    ('{"l": [{"b": 1}, {"z": "x", "y": [1]}], "m": [{"a": 1}, {}], "n": [{"a": {"b": 1}}]}'),
+    ('{"l": [{"b": 1.0, "a": 1}], "m": [{"a": 1}, {"a": 2}, [3]], "n": [{"a": 1}, "{"]}')
 ) AS t(d);
 
 -- Deep nesting: below, at and beyond the depth where the recursion hands
@@ -185,8 +196,9 @@ SELECT 'request', jsonb_build_object(
            'description', pg_temp.rstring(i % 4 <> 0, 40),
            'metadata', jsonb_build_object('order', i, 'channel', 'web', 'note', NULL),
            'items', (SELECT jsonb_agg(jsonb_build_object('sku', 'SKU-' || j, 'qty', j,
-                                                         'price', round((random() * 1000)::numeric, 2),
-                                                         'tags', jsonb_build_array('a', j % 3)))
+                                                         'price', round((random() * 1000)::numeric, 2))
+                                      || CASE WHEN i % 3 = 0 THEN '{}'
+                                              ELSE jsonb_build_object('tags', jsonb_build_array('a', j % 3)) END)
                        FROM generate_series(1, i % 12 + (i % 10) / 9 * 40) AS j))
   FROM generate_series(1, 300) AS i;
 
@@ -263,6 +275,37 @@ SELECT count(*) FILTER (WHERE jsonb_typeof(doc) IN ('object', 'array')
                           AND sqled.idem__plain(doc) IS NULL) AS general
   FROM results \gset
 \echo containers written by the string path :plain, from the jsonb :general
+
+-- the objects the SQL edition writes in one call: plain, whose members'
+-- containers hold no container and are not empty (or are arrays of
+-- objects that hold none, counted next)
+SELECT count(*) AS one_call
+  FROM results
+ WHERE jsonb_typeof(doc) = 'object' AND doc <> '{}' AND sqled.idem__plain_pretty(doc) IS NOT NULL
+   AND NOT EXISTS (SELECT FROM jsonb_each(doc) AS m
+                    WHERE m.value IN ('{}', '[]')
+                       OR CASE jsonb_typeof(m.value)
+                              WHEN 'object' THEN EXISTS (SELECT FROM jsonb_each(m.value) AS n
+                                                          WHERE jsonb_typeof(n.value) IN ('object', 'array'))
+                              WHEN 'array' THEN EXISTS (SELECT FROM jsonb_array_elements(m.value) AS e
+                                                         WHERE jsonb_typeof(e) IN ('object', 'array'))
+                              ELSE false END)
+\gset
+\echo objects written in one call :one_call
+
+-- among them or not, the plain objects with a member that is an array of
+-- objects that hold no container (written in one call when the rest is)
+SELECT count(*) AS object_arrays
+  FROM results
+ WHERE jsonb_typeof(doc) = 'object' AND sqled.idem__plain_pretty(doc) IS NOT NULL
+   AND EXISTS (SELECT FROM jsonb_each(doc) AS m
+                WHERE jsonb_typeof(m.value) = 'array' AND m.value <> '[]'
+                  AND NOT EXISTS (SELECT FROM jsonb_array_elements(m.value) AS e
+                                   WHERE jsonb_typeof(e) <> 'object' OR e = '{}'
+                                      OR EXISTS (SELECT FROM jsonb_each(e) AS n
+                                                  WHERE jsonb_typeof(n.value) IN ('object', 'array'))))
+\gset
+\echo plain objects with an array of objects of scalars :object_arrays
 
 SELECT count(*) AS documents,
        sum(octet_length(convert_to(c_text, 'UTF8'))) AS canonical_bytes,
