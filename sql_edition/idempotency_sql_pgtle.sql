@@ -2499,6 +2499,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     now_ts timestamptz := pg_catalog.clock_timestamp();
     found_row record;
+    inserted idem_decision;
 BEGIN
     SELECT NOT (t.state IN ('succeeded', 'failed', 'retryable') AND t.expires_at <= now_ts)
            AND (t.fingerprint <> p_fingerprint OR t.state IN ('succeeded', 'failed', 'unknown')
@@ -2514,15 +2515,17 @@ BEGIN
       FROM idem_records AS t
      WHERE t.key = p_key AND t.operation = p_operation AND t.caller = ''
        AND t.tenant = p_tenant AND t.role = p_role;
-    IF found_row.settled THEN
-        RETURN found_row.answer;
-    ELSIF NOT FOUND THEN
-        found_row := idem__insert_new(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
-                                      interval '86400 seconds', 30000000, now_ts, 'unknown',
-                                      false, now_ts);
-        IF found_row.outcome IS NOT NULL THEN
-            RETURN found_row;
+    -- FOUND first: a record variable that no row was ever read into has no
+    -- fields to test
+    IF NOT FOUND THEN
+        inserted := idem__insert_new(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
+                                     interval '86400 seconds', 30000000, now_ts, 'unknown',
+                                     false, now_ts);
+        IF inserted.outcome IS NOT NULL THEN
+            RETURN inserted;
         END IF;
+    ELSIF found_row.settled THEN
+        RETURN found_row.answer;
     END IF;
     RETURN idem__claim_key(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
                            interval '86400 seconds', 30000000, 0, 'unknown', false, false);
