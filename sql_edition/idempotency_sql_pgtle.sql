@@ -1749,6 +1749,15 @@ $$;
 -- when the session's user could not become that owner.
 --
 
+-- Whether a session of member may act as role: what SET ROLE would allow
+-- (membership on 15; membership with the SET option from 16).
+CREATE OR REPLACE FUNCTION idem__may_become(member name, role regrole)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN pg_catalog.pg_has_role(member, role,
+                              CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 160000
+                                   THEN 'SET' ELSE 'MEMBER' END);
+
 -- The role a call acts for, checked: session_user may become it, and it may
 -- execute the public function the call came through.
 CREATE OR REPLACE FUNCTION idem__acting_role(role regrole, via regprocedure)
@@ -1764,9 +1773,7 @@ BEGIN
                   DETAIL = 'The role was renamed while the call ran.',
                   HINT = 'Retry the call: nothing was written.';
     END IF;
-    IF NOT pg_catalog.pg_has_role(session_user, role,
-                                     CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 160000
-                                          THEN 'SET' ELSE 'MEMBER' END) THEN
+    IF NOT idem__may_become(session_user, role) THEN
         RAISE EXCEPTION 'permission denied to act as role "%"', role
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = pg_catalog.format('Session user "%s" cannot become that role.', session_user),
@@ -1999,8 +2006,8 @@ RETURN EXISTS (
        AND l.classid OPERATOR(pg_catalog.=) ((key_lock OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::oid
        AND l.objid OPERATOR(pg_catalog.=) (key_lock OPERATOR(pg_catalog.&) 4294967295)::oid
        AND l.objsubid OPERATOR(pg_catalog.=) 1
-       AND a.usesysid IS NOT NULL
-       AND NOT pg_catalog.pg_has_role(a.usesysid, p_role, 'MEMBER'));
+       AND a.usename IS NOT NULL
+       AND NOT idem__may_become(a.usename, p_role));
 
 -- Insert attempt 1 of a new command, or an inbox message (p_inbox:
 -- succeeded at once, without token or lease).  Answers proceed; in_progress

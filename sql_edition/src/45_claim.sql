@@ -129,8 +129,8 @@ RETURN EXISTS (
        AND l.classid OPERATOR(pg_catalog.=) ((key_lock OPERATOR(pg_catalog.>>) 32) OPERATOR(pg_catalog.&) 4294967295)::oid
        AND l.objid OPERATOR(pg_catalog.=) (key_lock OPERATOR(pg_catalog.&) 4294967295)::oid
        AND l.objsubid OPERATOR(pg_catalog.=) 1
-       AND a.usesysid IS NOT NULL
-       AND NOT pg_catalog.pg_has_role(a.usesysid, p_role, 'MEMBER'));
+       AND a.usename IS NOT NULL
+       AND NOT idem__may_become(a.usename, p_role));
 
 -- Insert attempt 1 of a new command, or an inbox message (p_inbox:
 -- succeeded at once, without token or lease).  Answers proceed; in_progress
