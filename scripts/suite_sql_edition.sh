@@ -17,6 +17,8 @@
 #     own setup file in place of sql/setup.sql;
 #   - the invariant checker (test/invariants/check_invariants.py), the
 #     maintenance passes run by its clients instead of the worker;
+#   - examples/schema.sql as it is, run by the installing role, on the
+#     edition in a schema of its own and in public;
 #   - the client libraries' tests (Python, Node.js) and the Python example
 #     service end to end;
 #   - the job of sql_edition/README.md, scheduled with pg_cron by the
@@ -448,10 +450,67 @@ sqled_cron_poll() {
     sqled_result "pg_cron runs the README's job of idem_owner: a lease that ended is unknown, an expired record deleted" "$ok"
 }
 
+# sqled_example_schema: examples/schema.sql, as it is, on the edition
+# installed in a schema of its own, as docs/clients.md ("The example
+# services") sets it up by hand: a database the installing role idem_owner
+# owns; the file refused while the edition is not installed, while its
+# schema is not on search_path, and while the role idem_app does not exist
+# (idem_owner may not create roles), each time keeping nothing; then, once
+# the administrator has made idem_app and its search_path, run twice by
+# idem_owner with the schema on search_path; then idem_app claims, writes
+# a payment and completes in one transaction, and a retry replays.  One
+# test.
+sqled_example_schema() {
+    local ok=1 out=$IDEM_TMP/sqled-example-schema.out db=idem_schema_sql
+    local path_opt='-c search_path=public,idempotency'
+    as_owner() {
+        as_postgres env PGHOST="$SQLED_HOST" PGPORT="$SQLED_PORT" PGUSER=idem_owner PGOPTIONS="$1" \
+            "$SQLED_BIN/psql" -X -q -v ON_ERROR_STOP=1 -d "$db" -f "$2" "${@:3}"
+    }
+    # refused ERROR-TEXT OPTIONS: the file is refused with that error, and
+    # nothing of it is kept.
+    refused() {
+        if as_owner "$2" "$IDEM_TMP/src/examples/schema.sql" >>"$out" 2>&1; then
+            echo "examples/schema.sql was not refused ($1)" >>"$out"
+            return 1
+        fi
+        grep -qF "ERROR:  $1" "$out" || { echo "no error: $1" >>"$out"; return 1; }
+        [ "$(sqled_psql -At -d "$db" -c "SELECT count(*) FROM pg_class WHERE relname = 'payments'")" = 0 ] \
+            || { echo "a payments table was kept" >>"$out"; return 1; }
+    }
+    sqled_psql -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE $db OWNER idem_owner" >"$out" 2>&1 || ok=0
+    [ "$ok" = 1 ] && { refused "neither the idempotency extension nor its SQL edition is installed in database \"$db\"" "" || ok=0; }
+    [ "$ok" = 1 ] && { as_owner "" "$IDEM_TMP/src/sql_edition/idempotency_sql.sql" -v schema=idempotency >>"$out" 2>&1 || ok=0; }
+    [ "$ok" = 1 ] && { refused 'function idem_claim is in schema idempotency, which is not on search_path' "" || ok=0; }
+    [ "$ok" = 1 ] && { refused 'role "idem_app" does not exist' "$path_opt" || ok=0; }
+    [ "$ok" = 1 ] && { sqled_psql -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE ROLE idem_app LOGIN" \
+        -c 'ALTER ROLE idem_app SET search_path = "$user", public, idempotency' >>"$out" 2>&1 || ok=0; }
+    if [ "$ok" = 1 ]; then
+        as_owner "$path_opt" "$IDEM_TMP/src/examples/schema.sql" >>"$out" 2>&1 &&
+        as_owner "$path_opt" "$IDEM_TMP/src/examples/schema.sql" >>"$out" 2>&1 &&
+        as_postgres env PGHOST="$SQLED_HOST" PGPORT="$SQLED_PORT" "$SQLED_BIN/psql" -X -At -v ON_ERROR_STOP=1 \
+            -U idem_app -d "$db" >"$out.app" 2>&1 <<'SQL' || ok=0
+BEGIN;
+SELECT outcome, token FROM idem_claim('payments.create', 'k1', '{"amount": 5}') \gset
+INSERT INTO payments (idempotency_key, amount, currency) VALUES ('k1', 5, 'EUR');
+SELECT idem_complete(:'token', 201, '{"amount": 5}');
+COMMIT;
+SELECT :'outcome';
+SELECT outcome || ' ' || http_status FROM idem_claim('payments.create', 'k1', '{"amount": 5}');
+SELECT count(*) || ' payment' FROM payments;
+SQL
+        cat "$out.app" >>"$out"
+        [ "$(grep -xE 'proceed|replay 201|1 payment' "$out.app" | tr '\n' ' ')" = "proceed replay 201 1 payment " ] || ok=0
+    fi
+    [ "$ok" = 1 ] || cat "$out"
+    sqled_result "examples/schema.sql as it is, on the edition in schema idempotency, by its installing role" "$ok"
+}
+
 # sqled_clients: the client libraries' own tests (Python, Node.js) and the
 # Python example service end to end, against the edition in the database
-# idem_examples: the installer, then examples/schema.sql without its
-# CREATE EXTENSION line (the one thing it does that needs the C edition).
+# idem_examples: the installer (in schema public), then examples/schema.sql
+# as it is, run by the installing role (no superuser) once the
+# administrator has made the role idem_app, as docs/clients.md says.
 sqled_clients() {
     local tree=$IDEM_TMP/sqled-clients out=$IDEM_TMP/sqled-clients-setup.out
     local IDEM_GROUPS=$tree/groups
@@ -461,11 +520,13 @@ sqled_clients() {
     if ! { tar -C "$IDEM_ROOT" --exclude=node_modules --exclude=__pycache__ \
                 --exclude=examples/java --exclude=examples/go --exclude=clients/java --exclude=clients/go \
                 -cf - examples clients | tar -C "$tree" -xf - &&
-            [ "$(grep -c '^CREATE EXTENSION IF NOT EXISTS idempotency;$' "$tree/examples/schema.sql")" = 1 ] &&
-            sed -i '/^CREATE EXTENSION IF NOT EXISTS idempotency;$/d' "$tree/examples/schema.sql" &&
             chmod 644 "$tree/examples/schema.sql" &&
             sqled_install_db idem_examples &&
-            sqled_psql -q -v ON_ERROR_STOP=1 -d idem_examples -f "$tree/examples/schema.sql" &&
+            sqled_psql -q -v ON_ERROR_STOP=1 -d postgres -c "DO \$\$ BEGIN
+                IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'idem_app') THEN
+                    CREATE ROLE idem_app LOGIN; END IF; END \$\$" &&
+            as_postgres env PGHOST="$SQLED_HOST" PGPORT="$SQLED_PORT" PGOPTIONS="-c role=idem_installer" \
+                "$SQLED_BIN/psql" -X -q -v ON_ERROR_STOP=1 -d idem_examples -f "$tree/examples/schema.sql" &&
             (cd "$tree/clients/node" && timeout 600 npm ci --no-audit --no-fund --loglevel=error) &&
             (cd "$tree/examples/node" && timeout 600 npm ci --no-audit --no-fund --loglevel=error); } \
             >"$out" 2>&1; then
@@ -574,6 +635,7 @@ run_sql_edition_suite() {
     sqled_isolation
     sqled_invariants
     # (the clients on the first version only, as the clients suite)
+    if [ "$app" = 1 ]; then sqled_example_schema; fi
     if [ -z "${IDEM_RUN_LABEL:-}" ]; then sqled_clients; fi
     if [ "$cron" = 1 ]; then sqled_cron_poll; fi
     # (its count, from the subshell that ran it)
