@@ -429,6 +429,7 @@ BEGIN
                 END IF;
                 attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
                 IF action = 'reuse' AND idem_setting_enum('idempotency.cleanup_action', 'delete', ARRAY['delete', 'archive']) = 'archive' THEN
+                    PERFORM idem__require_archive_for_reuse();
                     WITH target AS (
                         SELECT s.* FROM idem_records AS s
                          WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt

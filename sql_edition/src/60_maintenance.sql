@@ -270,7 +270,7 @@ BEGIN
     IF pass = 'purge' AND tombstone_ttl = 0 THEN
         RETURN;                 -- no tombstones kept: cleanup deletes at grace
     END IF;
-    IF archive AND to_regclass('idem_records_archive') IS NULL THEN
+    IF archive AND NOT idem__archive_present() THEN
         RAISE EXCEPTION 'idempotency % cannot archive: relation "%.idem_records_archive" does not exist',
                         pass, (SELECT n.nspname FROM pg_class AS c
                                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
