@@ -15,7 +15,7 @@ LANGUAGE sql STABLE
 RETURN CASE WHEN pg_catalog.current_setting('idempotency.max_key_length', true) IS NULL
               OR pg_catalog.current_setting('idempotency.max_key_length', true) = ''
             THEN 255
-            ELSE idem_setting_integer('idempotency.max_key_length', 255, 1, 8192) END;
+            ELSE idem__setting_integer('idempotency.max_key_length', 255, 1, 8192) END;
 
 -- The first byte of a value that a pattern refuses: its position and hex
 -- value, for a message.
@@ -360,7 +360,7 @@ BEGIN
             + coalesce(pg_catalog.octet_length(resource_id), 0)
             + coalesce(pg_catalog.octet_length(raw_body), 0);
     IF size > 1024 THEN
-        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
+        max_size := idem__setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF size > max_size THEN
             RAISE EXCEPTION 'response is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -437,7 +437,7 @@ CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
+    IF idem__setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
 END
