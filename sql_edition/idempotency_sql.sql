@@ -508,7 +508,7 @@ EXCEPTION WHEN invalid_text_representation THEN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION idem_setting_integer(
+CREATE OR REPLACE FUNCTION idem__setting_integer(
     name      text,
     boot      integer,
     min_value integer,
@@ -519,13 +519,13 @@ LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
             ELSE idem__setting_integer_parse(name, boot, min_value, max_value, unit) END;
 
-CREATE OR REPLACE FUNCTION idem_setting_enum(name text, boot text, allowed text[])
+CREATE OR REPLACE FUNCTION idem__setting_enum(name text, boot text, allowed text[])
 RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
             ELSE idem__setting_enum_parse(name, boot, allowed) END;
 
-CREATE OR REPLACE FUNCTION idem_setting_boolean(name text, boot boolean)
+CREATE OR REPLACE FUNCTION idem__setting_boolean(name text, boot boolean)
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
@@ -1324,7 +1324,7 @@ LANGUAGE sql STABLE
 RETURN CASE WHEN pg_catalog.current_setting('idempotency.max_key_length', true) IS NULL
               OR pg_catalog.current_setting('idempotency.max_key_length', true) = ''
             THEN 255
-            ELSE idem_setting_integer('idempotency.max_key_length', 255, 1, 8192) END;
+            ELSE idem__setting_integer('idempotency.max_key_length', 255, 1, 8192) END;
 
 -- The first byte of a value that a pattern refuses: its position and hex
 -- value, for a message.
@@ -1669,7 +1669,7 @@ BEGIN
             + coalesce(pg_catalog.octet_length(resource_id), 0)
             + coalesce(pg_catalog.octet_length(raw_body), 0);
     IF size > 1024 THEN
-        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
+        max_size := idem__setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF size > max_size THEN
             RAISE EXCEPTION 'response is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -1704,6 +1704,38 @@ BEGIN
 END
 $$;
 
+-- Whether idem_records_archive is there, in the schema of idem_records, as
+-- the C extension looks it up: by name in that schema alone, never in
+-- pg_temp, which the pinned search_path lists last, so that no table of a
+-- caller's can take its place when it was renamed.
+CREATE OR REPLACE FUNCTION idem__archive_present()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+SELECT EXISTS (SELECT FROM pg_catalog.pg_class AS a
+                WHERE a.relname OPERATOR(pg_catalog.=) 'idem_records_archive'
+                  AND a.relnamespace OPERATOR(pg_catalog.=)
+                      (SELECT r.relnamespace FROM pg_catalog.pg_class AS r
+                        WHERE r.oid OPERATOR(pg_catalog.=) 'idem_records'::pg_catalog.regclass))
+$$;
+
+-- With idempotency.cleanup_action = 'archive', a claim that reuses an
+-- expired record for a new command copies it to the archive first; when
+-- the copy cannot be made, the reuse is refused rather than made without
+-- it, as cleanup refuses to delete.
+CREATE OR REPLACE FUNCTION idem__require_archive_for_reuse()
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT idem__archive_present() THEN
+        RAISE EXCEPTION 'idempotency cannot reuse an expired record: relation "idem_records_archive" does not exist'
+            USING ERRCODE = 'undefined_table',
+                  DETAIL = 'idempotency.cleanup_action is "archive": no record is reused for a new command without a copy of the previous one.',
+                  HINT = 'Give the table back its name, or set idempotency.cleanup_action to "delete".';
+    END IF;
+END
+$$;
+
 -- A write that someone acts on (a claim that proceeds, an outcome, a lease
 -- marked unknown) commits synchronously, as with the C edition's
 -- idempotency.synchronous_outcomes (on by default): an asynchronous commit
@@ -1714,7 +1746,7 @@ CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
+    IF idem__setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
 END
@@ -2188,7 +2220,7 @@ BEGIN
         ELSIF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
             IF NOT p_proceed_expired
                AND now_ts < r.expires_at
-                            + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
+                            + idem__setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                               * interval '1 second' THEN
                 outcome := 'expired';
                 action := 'none';
@@ -2314,7 +2346,8 @@ BEGIN
                               HINT = 'The owner of idem_records can delete the record to start the command over.';
                 END IF;
                 attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
-                IF action = 'reuse' AND idem_setting_enum('idempotency.cleanup_action', 'delete', ARRAY['delete', 'archive']) = 'archive' THEN
+                IF action = 'reuse' AND idem__setting_enum('idempotency.cleanup_action', 'delete', ARRAY['delete', 'archive']) = 'archive' THEN
+                    PERFORM idem__require_archive_for_reuse();
                     WITH target AS (
                         SELECT s.* FROM idem_records AS s
                          WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
@@ -2426,19 +2459,19 @@ CREATE OR REPLACE FUNCTION idem__claim_options(ttl interval, lease interval, wai
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF ttl IS NULL THEN
-        ttl_value := idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
+        ttl_value := idem__setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                      * interval '1 second';
     ELSE
         ttl_value := ttl;
     END IF;
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     IF lease IS NULL THEN
-        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
+        lease_us := idem__setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
     IF wait IS NULL THEN
-        wait_us := idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000;
+        wait_us := idem__setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000;
     ELSE
         wait_us := idem__interval_usecs(wait, 'wait', true);
     END IF;
@@ -2735,11 +2768,11 @@ BEGIN
     PERFORM idem__check_name(consumer, 'consumer', false);
     PERFORM idem__check_key(message_id);
     fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem__fingerprint(message) END;
-    ttl_value := coalesce(ttl, idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
+    ttl_value := coalesce(ttl, idem__setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                                * interval '1 second');
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     d := idem__claim_key(p_role, consumer, message_id, '', '', fingerprint, ttl_value, 0,
-                         idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000,
+                         idem__setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000,
                          'unknown', false, true);
     IF d.outcome = 'expired' THEN
         -- a tombstone keeps the fingerprint: a different message is a mismatch
@@ -2780,7 +2813,7 @@ BEGIN
         RETURN;
     END IF;
     IF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
-        IF now_ts < r.expires_at + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
+        IF now_ts < r.expires_at + idem__setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                                    * interval '1 second' THEN
             RETURN NEXT idem__answer('expired', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;
@@ -3079,7 +3112,7 @@ BEGIN
     PERFORM idem__acting_role(p_role, 'idem_heartbeat(text, interval)');
     tok := idem__token_parse(token);
     IF lease IS NULL THEN
-        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
+        lease_us := idem__setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
@@ -3103,7 +3136,7 @@ BEGIN
         RAISE EXCEPTION 'recovery_point must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF pg_catalog.octet_length(recovery_point) > 1024 THEN
-        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
+        max_size := idem__setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF pg_catalog.octet_length(recovery_point) > max_size THEN
             RAISE EXCEPTION 'recovery_point is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -3273,7 +3306,7 @@ REVOKE ALL ON FUNCTION
 
 -- The key's name in messages: the first 8 hex digits of its SHA-256, as
 -- the application computes it too.
-CREATE OR REPLACE FUNCTION idem_key_hash_prefix(key text)
+CREATE OR REPLACE FUNCTION idem__key_hash_prefix(key text)
 RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$ SELECT left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 8) $$;
@@ -3283,7 +3316,7 @@ AS $$ SELECT left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 8) $$;
 -- replaced by "<key PREFIX>": a trigger or a constraint of the owner's may
 -- quote the key in its error.  Longest form first: a shorter one may be
 -- part of a longer one.
-CREATE OR REPLACE FUNCTION idem_redact_key(message text, key text)
+CREATE OR REPLACE FUNCTION idem__redact_key(message text, key text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
@@ -3308,7 +3341,7 @@ BEGIN
                  ORDER BY v.form, v.n) AS f
          ORDER BY length(f.form) DESC, f.n
     LOOP
-        result := replace(result, form, '<key ' || idem_key_hash_prefix(key) || '>');
+        result := replace(result, form, '<key ' || idem__key_hash_prefix(key) || '>');
     END LOOP;
     RETURN result;
 END
@@ -3326,7 +3359,7 @@ $$;
 -- plan; the outer statement then finds its rows by primary key.  With
 -- archive, the same statement first copies each record to the archive,
 -- unless the archive holds its command already (same id and claimed_at).
-CREATE OR REPLACE FUNCTION idem_pass_sql(pass text, kind text, archive boolean)
+CREATE OR REPLACE FUNCTION idem__pass_sql(pass text, kind text, archive boolean)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
@@ -3422,7 +3455,7 @@ $$;
 -- bad ones from the good.  A cancel, a timeout, a deadlock, a missing
 -- privilege or object, a lack of resources are no row's fault: they end
 -- the pass as they are.
-CREATE OR REPLACE FUNCTION idem_error_concerns_rows(sqlstate text)
+CREATE OR REPLACE FUNCTION idem__error_concerns_rows(sqlstate text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
@@ -3433,7 +3466,7 @@ $$;
 -- left it unchanged without an error), after cleanup made it a tombstone
 -- if it can (so that it does not keep its response while its deletion is
 -- tried again).  Returns how many records became tombstones (0 or 1).
-CREATE OR REPLACE FUNCTION idem_pass_skip(
+CREATE OR REPLACE FUNCTION idem__pass_skip(
     pass text, record_id bigint, err_state text, err_message text,
     archive boolean, tombstones boolean)
 RETURNS bigint
@@ -3448,12 +3481,12 @@ DECLARE
 BEGIN
     IF pass = 'cleanup' AND tombstones THEN
         BEGIN
-            EXECUTE idem_pass_sql('purge', 'one', archive)
+            EXECUTE idem__pass_sql('purge', 'one', archive)
                INTO purged_ids, kept_ids
               USING NULL::timestamptz, 1, ARRAY[record_id], NULL::timestamptz;
             tombstone := cardinality(kept_ids) = 0;
         EXCEPTION WHEN OTHERS THEN
-            IF NOT idem_error_concerns_rows(SQLSTATE) THEN
+            IF NOT idem__error_concerns_rows(SQLSTATE) THEN
                 RAISE;
             END IF;
         END;
@@ -3463,10 +3496,10 @@ BEGIN
     message := CASE
         WHEN err_message IS NULL
             THEN 'its statement left it unchanged (a trigger may have kept it)'
-        WHEN record_key IS NOT NULL THEN idem_redact_key(err_message, record_key)
+        WHEN record_key IS NOT NULL THEN idem__redact_key(err_message, record_key)
         ELSE err_message END;
     RAISE WARNING 'idempotency % skipped record % (key hash %): %',
-                  pass, record_id, coalesce(idem_key_hash_prefix(record_key), '-'), message
+                  pass, record_id, coalesce(idem__key_hash_prefix(record_key), '-'), message
         USING ERRCODE = coalesce(err_state, '01000'),
               DETAIL = CASE WHEN tombstone
                   THEN 'The record is kept as a tombstone, its response purged, and its deletion tried again by the next pass; the other records are processed.'
@@ -3484,7 +3517,7 @@ $$;
 -- (changed or skipped), so that another batch may find more.  The settings
 -- are read at every batch.
 --
-CREATE OR REPLACE FUNCTION idem_pass_batch(
+CREATE OR REPLACE FUNCTION idem__pass_batch(
     pass        text,
     batch_limit integer,
     INOUT skipped bigint[],
@@ -3494,12 +3527,12 @@ CREATE OR REPLACE FUNCTION idem_pass_batch(
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    grace constant integer := idem_setting_integer('idempotency.cleanup_grace',
+    grace constant integer := idem__setting_integer('idempotency.cleanup_grace',
                                                    600, 0, 2147483647, 's');
-    tombstone_ttl constant integer := idem_setting_integer('idempotency.tombstone_ttl',
+    tombstone_ttl constant integer := idem__setting_integer('idempotency.tombstone_ttl',
                                                            604800, 0, 2147483647, 's');
     archive constant boolean := pass <> 'lease expiry'
-        AND idem_setting_enum('idempotency.cleanup_action', 'delete',
+        AND idem__setting_enum('idempotency.cleanup_action', 'delete',
                               ARRAY['delete', 'archive']) = 'archive';
     clock timestamptz;
     cutoff timestamptz;
@@ -3521,7 +3554,7 @@ BEGIN
     IF pass = 'purge' AND tombstone_ttl = 0 THEN
         RETURN;                 -- no tombstones kept: cleanup deletes at grace
     END IF;
-    IF archive AND to_regclass('idem_records_archive') IS NULL THEN
+    IF archive AND NOT idem__archive_present() THEN
         RAISE EXCEPTION 'idempotency % cannot archive: relation "%.idem_records_archive" does not exist',
                         pass, (SELECT n.nspname FROM pg_class AS c
                                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
@@ -3539,11 +3572,11 @@ BEGIN
                         ELSE clock - grace * interval '1 second' END;
 
     BEGIN
-        EXECUTE idem_pass_sql(pass, 'batch', archive)
+        EXECUTE idem__pass_sql(pass, 'batch', archive)
            INTO done_ids, kept_ids
           USING cutoff, batch_limit, skipped, cleanup_cutoff;
     EXCEPTION WHEN OTHERS THEN
-        IF NOT idem_error_concerns_rows(SQLSTATE) THEN
+        IF NOT idem__error_concerns_rows(SQLSTATE) THEN
             RAISE;
         END IF;
         batch_failed := true;
@@ -3557,7 +3590,7 @@ BEGIN
         found := cardinality(done_ids) + cardinality(kept_ids);
         changed := cardinality(done_ids);
         FOREACH id IN ARRAY kept_ids LOOP
-            purged := purged + idem_pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
+            purged := purged + idem__pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
             skipped := skipped || id;
         END LOOP;
         IF found >= batch_limit THEN
@@ -3572,31 +3605,31 @@ BEGIN
 
     -- lock the rows again and change them one by one; the locks are taken
     -- here, so they stay ours whatever happens to the subtransactions
-    EXECUTE idem_pass_sql(pass, 'pick', archive)
+    EXECUTE idem__pass_sql(pass, 'pick', archive)
        INTO picked
       USING cutoff, lim, skipped, cleanup_cutoff;
     FOREACH id IN ARRAY picked LOOP
         IF done_ids IS NOT NULL AND id = ANY (done_ids) THEN
             -- changed by the batch and due again (an AFTER trigger undid it)
-            purged := purged + idem_pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
+            purged := purged + idem__pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
             skipped := skipped || id;
             changed := changed - 1;
             CONTINUE;
         END IF;
         BEGIN
-            EXECUTE idem_pass_sql(pass, 'one', archive)
+            EXECUTE idem__pass_sql(pass, 'one', archive)
                INTO one_ids, one_kept
               USING cutoff, lim, ARRAY[id], cleanup_cutoff;
             changed := changed + cardinality(one_ids);
             IF cardinality(one_ids) = 0 THEN
-                purged := purged + idem_pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
+                purged := purged + idem__pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
                 skipped := skipped || id;
             END IF;
         EXCEPTION WHEN OTHERS THEN
-            IF NOT idem_error_concerns_rows(SQLSTATE) THEN
+            IF NOT idem__error_concerns_rows(SQLSTATE) THEN
                 RAISE;
             END IF;
-            purged := purged + idem_pass_skip(pass, id, SQLSTATE, SQLERRM, archive, tombstone_ttl > 0);
+            purged := purged + idem__pass_skip(pass, id, SQLSTATE, SQLERRM, archive, tombstone_ttl > 0);
             skipped := skipped || id;
         END;
     END LOOP;
@@ -3606,7 +3639,7 @@ END
 $$;
 
 -- An optional positive argument: the setting when NULL.
-CREATE OR REPLACE FUNCTION idem_positive_argument(value integer, name text, setting integer)
+CREATE OR REPLACE FUNCTION idem__positive_argument(value integer, name text, setting integer)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -3635,15 +3668,15 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    wanted constant integer := idem_positive_argument(max_rows, 'max_rows',
-        idem_setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000));
+    wanted constant integer := idem__positive_argument(max_rows, 'max_rows',
+        idem__setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000));
     skipped bigint[] := '{}';
     batch record;
     expired bigint := 0;
     more boolean := true;
 BEGIN
     WHILE more AND expired < wanted LOOP
-        SELECT * INTO batch FROM idem_pass_batch('lease expiry', (wanted - expired)::integer, skipped);
+        SELECT * INTO batch FROM idem__pass_batch('lease expiry', (wanted - expired)::integer, skipped);
         skipped := batch.skipped;
         expired := expired + batch.changed;
         more := batch.more;
@@ -3670,10 +3703,10 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    size constant integer := idem_positive_argument(batch_size, 'batch_size',
-        idem_setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000));
-    batches constant integer := idem_positive_argument(max_batches, 'max_batches',
-        idem_setting_integer('idempotency.cleanup_max_batches', 500, 1, 2147483647));
+    size constant integer := idem__positive_argument(batch_size, 'batch_size',
+        idem__setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000));
+    batches constant integer := idem__positive_argument(max_batches, 'max_batches',
+        idem__setting_integer('idempotency.cleanup_max_batches', 500, 1, 2147483647));
     pass text;
     skipped bigint[];
     batch record;
@@ -3686,7 +3719,7 @@ BEGIN
         more := true;
         i := 0;
         WHILE i < batches AND more LOOP
-            SELECT * INTO batch FROM idem_pass_batch(pass, size, skipped);
+            SELECT * INTO batch FROM idem__pass_batch(pass, size, skipped);
             skipped := batch.skipped;
             result := result + batch.changed + batch.purged;
             more := batch.more;
@@ -3730,9 +3763,9 @@ DECLARE
     total bigint;
     failed boolean;
 BEGIN
-    size := %1$I.idem_setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000);
-    max_batches := %1$I.idem_setting_integer('idempotency.cleanup_max_batches', 500, 1, 2147483647);
-    delay := %1$I.idem_setting_integer('idempotency.cleanup_delay', 50, 0, 10000, 'ms');
+    size := %1$I.idem__setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000);
+    max_batches := %1$I.idem__setting_integer('idempotency.cleanup_max_batches', 500, 1, 2147483647);
+    delay := %1$I.idem__setting_integer('idempotency.cleanup_delay', 50, 0, 10000, 'ms');
     FOREACH pass IN ARRAY ARRAY['lease expiry', 'cleanup', 'purge'] LOOP
         skipped := '{}';
         batches := 0;
@@ -3740,7 +3773,7 @@ BEGIN
         LOOP
             failed := false;
             BEGIN
-                SELECT * INTO batch FROM %1$I.idem_pass_batch(pass, size, skipped);
+                SELECT * INTO batch FROM %1$I.idem__pass_batch(pass, size, skipped);
             EXCEPTION WHEN OTHERS THEN
                 RAISE WARNING 'idempotency maintenance for database "%%" failed a pass: %%',
                               current_database(), SQLERRM
@@ -3788,7 +3821,7 @@ COMMENT ON PROCEDURE idem_maintenance() IS
 -- which answers only for a role the session could SET ROLE to and that may
 -- execute idem_list: never more than SET ROLE would give.
 --
-CREATE OR REPLACE FUNCTION idem_list_for(
+CREATE OR REPLACE FUNCTION idem__list_for(
     caller_role      regrole,
     wanted_state     text,
     wanted_operation text,
@@ -3834,7 +3867,7 @@ BEGIN
     list_state := $2::idem_state;
     IF $3 IS NOT NULL THEN
         bytes := convert_to($3, 'UTF8');
-        key_limit := idem_setting_integer('idempotency.max_key_length', 255, 1, 8192);
+        key_limit := idem__setting_integer('idempotency.max_key_length', 255, 1, 8192);
         IF length(bytes) = 0 THEN
             RAISE EXCEPTION 'operation must not be empty' USING ERRCODE = '22023';
         END IF;
@@ -3908,7 +3941,7 @@ RETURNS TABLE (
     updated_age    interval)
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 AS $$
-SELECT * FROM idem_list_for(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), $1, $2, $3, $4)
+SELECT * FROM idem__list_for(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), $1, $2, $3, $4)
 $$;
 
 COMMENT ON FUNCTION idem_list(text, text, interval, integer) IS
@@ -3946,6 +3979,27 @@ $$;
 
 COMMENT ON FUNCTION idem_records_without_role() IS
     'Idempotency records that belong to no existing role: a name no role had at the 1.3 update (former_role), or a role dropped since (role_oid)';
+
+--
+-- An earlier install of this version named the private helpers of the
+-- settings, the maintenance passes and idem_list idem_* as if they were
+-- part of the API, which they are not (the C extension has none of them):
+-- this run made them under their idem__* names and drops the old ones.
+-- Nothing else may use them: a DROP that something still needs fails the
+-- install, which leaves everything as it was.
+--
+DROP FUNCTION IF EXISTS
+    idem_setting_integer(text, integer, integer, integer, text),
+    idem_setting_enum(text, text, text[]),
+    idem_setting_boolean(text, boolean),
+    idem_pass_sql(text, text, boolean),
+    idem_pass_skip(text, bigint, text, text, boolean, boolean),
+    idem_pass_batch(text, integer, bigint[]),
+    idem_list_for(regrole, text, text, interval, integer),
+    idem_key_hash_prefix(text),
+    idem_redact_key(text, text),
+    idem_error_concerns_rows(text),
+    idem_positive_argument(integer, text, integer);
 
 -- src/90_grants.sql
 --
@@ -3991,9 +4045,9 @@ DECLARE
         'idem_heartbeat(text,interval)',
         'idem_checkpoint(text,text)',
         'idem_resolve(bigint,text,integer,jsonb,jsonb,bytea)',
-        'idem_setting_integer(text,integer,integer,integer,text)',
-        'idem_setting_enum(text,text,text[])',
-        'idem_setting_boolean(text,boolean)',
+        'idem__setting_integer(text,integer,integer,integer,text)',
+        'idem__setting_enum(text,text,text[])',
+        'idem__setting_boolean(text,boolean)',
         'idem__no_request()',
         'idem__key_lock_id(regrole,text,text,text,text)',
         'idem__new_secret()',
@@ -4004,6 +4058,12 @@ DECLARE
         'idem__plain_scope(text,text,text)',
         'idem__plain_role(regrole,regprocedure)',
         'idem__answer(text,bigint,idem_state,integer,text,integer,jsonb,jsonb,text,bytea,timestamp with time zone,timestamp with time zone)'];
+    -- Private helpers pinned all the same: the maintenance passes', which
+    -- idem_maintenance() calls (a procedure that commits, so with no
+    -- search_path of its own) and which run with the caller's privileges.
+    pinned_helpers constant text[] := ARRAY[
+        'idem__pass_batch', 'idem__pass_skip', 'idem__pass_sql', 'idem__error_concerns_rows',
+        'idem__positive_argument', 'idem__key_hash_prefix', 'idem__redact_key'];
     f record;
 BEGIN
     -- A function made by this run has the default privileges (PUBLIC may
@@ -4033,7 +4093,8 @@ BEGIN
            AND p.proname OPERATOR(pg_catalog.~~) E'idem\\_%'
            AND p.prokind OPERATOR(pg_catalog.=) 'f'
            AND NOT (p.oid::pg_catalog.regprocedure::text OPERATOR(pg_catalog.=) ANY (inlined))
-           AND NOT (p.proname OPERATOR(pg_catalog.~~) E'idem\\_\\_%' AND NOT p.prosecdef)
+           AND NOT (p.proname OPERATOR(pg_catalog.~~) E'idem\\_\\_%' AND NOT p.prosecdef
+                    AND NOT (p.proname OPERATOR(pg_catalog.=) ANY (pinned_helpers)))
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.signature, schema_oid::pg_catalog.regnamespace::text);

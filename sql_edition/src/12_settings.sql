@@ -134,7 +134,7 @@ EXCEPTION WHEN invalid_text_representation THEN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION idem_setting_integer(
+CREATE OR REPLACE FUNCTION idem__setting_integer(
     name      text,
     boot      integer,
     min_value integer,
@@ -145,13 +145,13 @@ LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
             ELSE idem__setting_integer_parse(name, boot, min_value, max_value, unit) END;
 
-CREATE OR REPLACE FUNCTION idem_setting_enum(name text, boot text, allowed text[])
+CREATE OR REPLACE FUNCTION idem__setting_enum(name text, boot text, allowed text[])
 RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
             ELSE idem__setting_enum_parse(name, boot, allowed) END;
 
-CREATE OR REPLACE FUNCTION idem_setting_boolean(name text, boot boolean)
+CREATE OR REPLACE FUNCTION idem__setting_boolean(name text, boot boolean)
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot

@@ -15,7 +15,7 @@ LANGUAGE sql STABLE
 RETURN CASE WHEN pg_catalog.current_setting('idempotency.max_key_length', true) IS NULL
               OR pg_catalog.current_setting('idempotency.max_key_length', true) = ''
             THEN 255
-            ELSE idem_setting_integer('idempotency.max_key_length', 255, 1, 8192) END;
+            ELSE idem__setting_integer('idempotency.max_key_length', 255, 1, 8192) END;
 
 -- The first byte of a value that a pattern refuses: its position and hex
 -- value, for a message.
@@ -360,7 +360,7 @@ BEGIN
             + coalesce(pg_catalog.octet_length(resource_id), 0)
             + coalesce(pg_catalog.octet_length(raw_body), 0);
     IF size > 1024 THEN
-        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
+        max_size := idem__setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF size > max_size THEN
             RAISE EXCEPTION 'response is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',
@@ -395,6 +395,38 @@ BEGIN
 END
 $$;
 
+-- Whether idem_records_archive is there, in the schema of idem_records, as
+-- the C extension looks it up: by name in that schema alone, never in
+-- pg_temp, which the pinned search_path lists last, so that no table of a
+-- caller's can take its place when it was renamed.
+CREATE OR REPLACE FUNCTION idem__archive_present()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+SELECT EXISTS (SELECT FROM pg_catalog.pg_class AS a
+                WHERE a.relname OPERATOR(pg_catalog.=) 'idem_records_archive'
+                  AND a.relnamespace OPERATOR(pg_catalog.=)
+                      (SELECT r.relnamespace FROM pg_catalog.pg_class AS r
+                        WHERE r.oid OPERATOR(pg_catalog.=) 'idem_records'::pg_catalog.regclass))
+$$;
+
+-- With idempotency.cleanup_action = 'archive', a claim that reuses an
+-- expired record for a new command copies it to the archive first; when
+-- the copy cannot be made, the reuse is refused rather than made without
+-- it, as cleanup refuses to delete.
+CREATE OR REPLACE FUNCTION idem__require_archive_for_reuse()
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT idem__archive_present() THEN
+        RAISE EXCEPTION 'idempotency cannot reuse an expired record: relation "idem_records_archive" does not exist'
+            USING ERRCODE = 'undefined_table',
+                  DETAIL = 'idempotency.cleanup_action is "archive": no record is reused for a new command without a copy of the previous one.',
+                  HINT = 'Give the table back its name, or set idempotency.cleanup_action to "delete".';
+    END IF;
+END
+$$;
+
 -- A write that someone acts on (a claim that proceeds, an outcome, a lease
 -- marked unknown) commits synchronously, as with the C edition's
 -- idempotency.synchronous_outcomes (on by default): an asynchronous commit
@@ -405,7 +437,7 @@ CREATE OR REPLACE FUNCTION idem__outcome_written()
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF idem_setting_boolean('idempotency.synchronous_outcomes', true) THEN
+    IF idem__setting_boolean('idempotency.synchronous_outcomes', true) THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
 END

@@ -302,7 +302,7 @@ BEGIN
         ELSIF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
             IF NOT p_proceed_expired
                AND now_ts < r.expires_at
-                            + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
+                            + idem__setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                               * interval '1 second' THEN
                 outcome := 'expired';
                 action := 'none';
@@ -428,7 +428,8 @@ BEGIN
                               HINT = 'The owner of idem_records can delete the record to start the command over.';
                 END IF;
                 attempt_no := CASE WHEN action = 'reuse' THEN 1 ELSE r.attempt + 1 END;
-                IF action = 'reuse' AND idem_setting_enum('idempotency.cleanup_action', 'delete', ARRAY['delete', 'archive']) = 'archive' THEN
+                IF action = 'reuse' AND idem__setting_enum('idempotency.cleanup_action', 'delete', ARRAY['delete', 'archive']) = 'archive' THEN
+                    PERFORM idem__require_archive_for_reuse();
                     WITH target AS (
                         SELECT s.* FROM idem_records AS s
                          WHERE s.id = r.id AND s.state = r.state AND s.attempt = r.attempt
@@ -540,19 +541,19 @@ CREATE OR REPLACE FUNCTION idem__claim_options(ttl interval, lease interval, wai
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF ttl IS NULL THEN
-        ttl_value := idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
+        ttl_value := idem__setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                      * interval '1 second';
     ELSE
         ttl_value := ttl;
     END IF;
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     IF lease IS NULL THEN
-        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
+        lease_us := idem__setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
     IF wait IS NULL THEN
-        wait_us := idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000;
+        wait_us := idem__setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000;
     ELSE
         wait_us := idem__interval_usecs(wait, 'wait', true);
     END IF;
@@ -849,11 +850,11 @@ BEGIN
     PERFORM idem__check_name(consumer, 'consumer', false);
     PERFORM idem__check_key(message_id);
     fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem__fingerprint(message) END;
-    ttl_value := coalesce(ttl, idem_setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
+    ttl_value := coalesce(ttl, idem__setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                                * interval '1 second');
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     d := idem__claim_key(p_role, consumer, message_id, '', '', fingerprint, ttl_value, 0,
-                         idem_setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000,
+                         idem__setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000,
                          'unknown', false, true);
     IF d.outcome = 'expired' THEN
         -- a tombstone keeps the fingerprint: a different message is a mismatch
@@ -894,7 +895,7 @@ BEGIN
         RETURN;
     END IF;
     IF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
-        IF now_ts < r.expires_at + idem_setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
+        IF now_ts < r.expires_at + idem__setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                                    * interval '1 second' THEN
             RETURN NEXT idem__answer('expired', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
         END IF;

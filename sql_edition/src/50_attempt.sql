@@ -171,7 +171,7 @@ BEGIN
     PERFORM idem__acting_role(p_role, 'idem_heartbeat(text, interval)');
     tok := idem__token_parse(token);
     IF lease IS NULL THEN
-        lease_us := idem_setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
+        lease_us := idem__setting_integer('idempotency.default_lease', 30000, 1, 2147483647, 'ms')::bigint * 1000;
     ELSE
         lease_us := idem__interval_usecs(lease, 'lease', false);
     END IF;
@@ -195,7 +195,7 @@ BEGIN
         RAISE EXCEPTION 'recovery_point must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF pg_catalog.octet_length(recovery_point) > 1024 THEN
-        max_size := idem_setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
+        max_size := idem__setting_integer('idempotency.max_response_size', 1048576, 1024, 536870911, 'B');
         IF pg_catalog.octet_length(recovery_point) > max_size THEN
             RAISE EXCEPTION 'recovery_point is too large to store'
                 USING ERRCODE = 'program_limit_exceeded',

@@ -22,7 +22,7 @@
 
 -- The key's name in messages: the first 8 hex digits of its SHA-256, as
 -- the application computes it too.
-CREATE OR REPLACE FUNCTION idem_key_hash_prefix(key text)
+CREATE OR REPLACE FUNCTION idem__key_hash_prefix(key text)
 RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$ SELECT left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 8) $$;
@@ -32,7 +32,7 @@ AS $$ SELECT left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 8) $$;
 -- replaced by "<key PREFIX>": a trigger or a constraint of the owner's may
 -- quote the key in its error.  Longest form first: a shorter one may be
 -- part of a longer one.
-CREATE OR REPLACE FUNCTION idem_redact_key(message text, key text)
+CREATE OR REPLACE FUNCTION idem__redact_key(message text, key text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
@@ -57,7 +57,7 @@ BEGIN
                  ORDER BY v.form, v.n) AS f
          ORDER BY length(f.form) DESC, f.n
     LOOP
-        result := replace(result, form, '<key ' || idem_key_hash_prefix(key) || '>');
+        result := replace(result, form, '<key ' || idem__key_hash_prefix(key) || '>');
     END LOOP;
     RETURN result;
 END
@@ -75,7 +75,7 @@ $$;
 -- plan; the outer statement then finds its rows by primary key.  With
 -- archive, the same statement first copies each record to the archive,
 -- unless the archive holds its command already (same id and claimed_at).
-CREATE OR REPLACE FUNCTION idem_pass_sql(pass text, kind text, archive boolean)
+CREATE OR REPLACE FUNCTION idem__pass_sql(pass text, kind text, archive boolean)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
@@ -171,7 +171,7 @@ $$;
 -- bad ones from the good.  A cancel, a timeout, a deadlock, a missing
 -- privilege or object, a lack of resources are no row's fault: they end
 -- the pass as they are.
-CREATE OR REPLACE FUNCTION idem_error_concerns_rows(sqlstate text)
+CREATE OR REPLACE FUNCTION idem__error_concerns_rows(sqlstate text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
@@ -182,7 +182,7 @@ $$;
 -- left it unchanged without an error), after cleanup made it a tombstone
 -- if it can (so that it does not keep its response while its deletion is
 -- tried again).  Returns how many records became tombstones (0 or 1).
-CREATE OR REPLACE FUNCTION idem_pass_skip(
+CREATE OR REPLACE FUNCTION idem__pass_skip(
     pass text, record_id bigint, err_state text, err_message text,
     archive boolean, tombstones boolean)
 RETURNS bigint
@@ -197,12 +197,12 @@ DECLARE
 BEGIN
     IF pass = 'cleanup' AND tombstones THEN
         BEGIN
-            EXECUTE idem_pass_sql('purge', 'one', archive)
+            EXECUTE idem__pass_sql('purge', 'one', archive)
                INTO purged_ids, kept_ids
               USING NULL::timestamptz, 1, ARRAY[record_id], NULL::timestamptz;
             tombstone := cardinality(kept_ids) = 0;
         EXCEPTION WHEN OTHERS THEN
-            IF NOT idem_error_concerns_rows(SQLSTATE) THEN
+            IF NOT idem__error_concerns_rows(SQLSTATE) THEN
                 RAISE;
             END IF;
         END;
@@ -212,10 +212,10 @@ BEGIN
     message := CASE
         WHEN err_message IS NULL
             THEN 'its statement left it unchanged (a trigger may have kept it)'
-        WHEN record_key IS NOT NULL THEN idem_redact_key(err_message, record_key)
+        WHEN record_key IS NOT NULL THEN idem__redact_key(err_message, record_key)
         ELSE err_message END;
     RAISE WARNING 'idempotency % skipped record % (key hash %): %',
-                  pass, record_id, coalesce(idem_key_hash_prefix(record_key), '-'), message
+                  pass, record_id, coalesce(idem__key_hash_prefix(record_key), '-'), message
         USING ERRCODE = coalesce(err_state, '01000'),
               DETAIL = CASE WHEN tombstone
                   THEN 'The record is kept as a tombstone, its response purged, and its deletion tried again by the next pass; the other records are processed.'
@@ -233,7 +233,7 @@ $$;
 -- (changed or skipped), so that another batch may find more.  The settings
 -- are read at every batch.
 --
-CREATE OR REPLACE FUNCTION idem_pass_batch(
+CREATE OR REPLACE FUNCTION idem__pass_batch(
     pass        text,
     batch_limit integer,
     INOUT skipped bigint[],
@@ -243,12 +243,12 @@ CREATE OR REPLACE FUNCTION idem_pass_batch(
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    grace constant integer := idem_setting_integer('idempotency.cleanup_grace',
+    grace constant integer := idem__setting_integer('idempotency.cleanup_grace',
                                                    600, 0, 2147483647, 's');
-    tombstone_ttl constant integer := idem_setting_integer('idempotency.tombstone_ttl',
+    tombstone_ttl constant integer := idem__setting_integer('idempotency.tombstone_ttl',
                                                            604800, 0, 2147483647, 's');
     archive constant boolean := pass <> 'lease expiry'
-        AND idem_setting_enum('idempotency.cleanup_action', 'delete',
+        AND idem__setting_enum('idempotency.cleanup_action', 'delete',
                               ARRAY['delete', 'archive']) = 'archive';
     clock timestamptz;
     cutoff timestamptz;
@@ -270,7 +270,7 @@ BEGIN
     IF pass = 'purge' AND tombstone_ttl = 0 THEN
         RETURN;                 -- no tombstones kept: cleanup deletes at grace
     END IF;
-    IF archive AND to_regclass('idem_records_archive') IS NULL THEN
+    IF archive AND NOT idem__archive_present() THEN
         RAISE EXCEPTION 'idempotency % cannot archive: relation "%.idem_records_archive" does not exist',
                         pass, (SELECT n.nspname FROM pg_class AS c
                                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
@@ -288,11 +288,11 @@ BEGIN
                         ELSE clock - grace * interval '1 second' END;
 
     BEGIN
-        EXECUTE idem_pass_sql(pass, 'batch', archive)
+        EXECUTE idem__pass_sql(pass, 'batch', archive)
            INTO done_ids, kept_ids
           USING cutoff, batch_limit, skipped, cleanup_cutoff;
     EXCEPTION WHEN OTHERS THEN
-        IF NOT idem_error_concerns_rows(SQLSTATE) THEN
+        IF NOT idem__error_concerns_rows(SQLSTATE) THEN
             RAISE;
         END IF;
         batch_failed := true;
@@ -306,7 +306,7 @@ BEGIN
         found := cardinality(done_ids) + cardinality(kept_ids);
         changed := cardinality(done_ids);
         FOREACH id IN ARRAY kept_ids LOOP
-            purged := purged + idem_pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
+            purged := purged + idem__pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
             skipped := skipped || id;
         END LOOP;
         IF found >= batch_limit THEN
@@ -321,31 +321,31 @@ BEGIN
 
     -- lock the rows again and change them one by one; the locks are taken
     -- here, so they stay ours whatever happens to the subtransactions
-    EXECUTE idem_pass_sql(pass, 'pick', archive)
+    EXECUTE idem__pass_sql(pass, 'pick', archive)
        INTO picked
       USING cutoff, lim, skipped, cleanup_cutoff;
     FOREACH id IN ARRAY picked LOOP
         IF done_ids IS NOT NULL AND id = ANY (done_ids) THEN
             -- changed by the batch and due again (an AFTER trigger undid it)
-            purged := purged + idem_pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
+            purged := purged + idem__pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
             skipped := skipped || id;
             changed := changed - 1;
             CONTINUE;
         END IF;
         BEGIN
-            EXECUTE idem_pass_sql(pass, 'one', archive)
+            EXECUTE idem__pass_sql(pass, 'one', archive)
                INTO one_ids, one_kept
               USING cutoff, lim, ARRAY[id], cleanup_cutoff;
             changed := changed + cardinality(one_ids);
             IF cardinality(one_ids) = 0 THEN
-                purged := purged + idem_pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
+                purged := purged + idem__pass_skip(pass, id, NULL, NULL, archive, tombstone_ttl > 0);
                 skipped := skipped || id;
             END IF;
         EXCEPTION WHEN OTHERS THEN
-            IF NOT idem_error_concerns_rows(SQLSTATE) THEN
+            IF NOT idem__error_concerns_rows(SQLSTATE) THEN
                 RAISE;
             END IF;
-            purged := purged + idem_pass_skip(pass, id, SQLSTATE, SQLERRM, archive, tombstone_ttl > 0);
+            purged := purged + idem__pass_skip(pass, id, SQLSTATE, SQLERRM, archive, tombstone_ttl > 0);
             skipped := skipped || id;
         END;
     END LOOP;
@@ -355,7 +355,7 @@ END
 $$;
 
 -- An optional positive argument: the setting when NULL.
-CREATE OR REPLACE FUNCTION idem_positive_argument(value integer, name text, setting integer)
+CREATE OR REPLACE FUNCTION idem__positive_argument(value integer, name text, setting integer)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -384,15 +384,15 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    wanted constant integer := idem_positive_argument(max_rows, 'max_rows',
-        idem_setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000));
+    wanted constant integer := idem__positive_argument(max_rows, 'max_rows',
+        idem__setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000));
     skipped bigint[] := '{}';
     batch record;
     expired bigint := 0;
     more boolean := true;
 BEGIN
     WHILE more AND expired < wanted LOOP
-        SELECT * INTO batch FROM idem_pass_batch('lease expiry', (wanted - expired)::integer, skipped);
+        SELECT * INTO batch FROM idem__pass_batch('lease expiry', (wanted - expired)::integer, skipped);
         skipped := batch.skipped;
         expired := expired + batch.changed;
         more := batch.more;
@@ -419,10 +419,10 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    size constant integer := idem_positive_argument(batch_size, 'batch_size',
-        idem_setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000));
-    batches constant integer := idem_positive_argument(max_batches, 'max_batches',
-        idem_setting_integer('idempotency.cleanup_max_batches', 500, 1, 2147483647));
+    size constant integer := idem__positive_argument(batch_size, 'batch_size',
+        idem__setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000));
+    batches constant integer := idem__positive_argument(max_batches, 'max_batches',
+        idem__setting_integer('idempotency.cleanup_max_batches', 500, 1, 2147483647));
     pass text;
     skipped bigint[];
     batch record;
@@ -435,7 +435,7 @@ BEGIN
         more := true;
         i := 0;
         WHILE i < batches AND more LOOP
-            SELECT * INTO batch FROM idem_pass_batch(pass, size, skipped);
+            SELECT * INTO batch FROM idem__pass_batch(pass, size, skipped);
             skipped := batch.skipped;
             result := result + batch.changed + batch.purged;
             more := batch.more;
@@ -479,9 +479,9 @@ DECLARE
     total bigint;
     failed boolean;
 BEGIN
-    size := %1$I.idem_setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000);
-    max_batches := %1$I.idem_setting_integer('idempotency.cleanup_max_batches', 500, 1, 2147483647);
-    delay := %1$I.idem_setting_integer('idempotency.cleanup_delay', 50, 0, 10000, 'ms');
+    size := %1$I.idem__setting_integer('idempotency.cleanup_batch_size', 200, 1, 1000000);
+    max_batches := %1$I.idem__setting_integer('idempotency.cleanup_max_batches', 500, 1, 2147483647);
+    delay := %1$I.idem__setting_integer('idempotency.cleanup_delay', 50, 0, 10000, 'ms');
     FOREACH pass IN ARRAY ARRAY['lease expiry', 'cleanup', 'purge'] LOOP
         skipped := '{}';
         batches := 0;
@@ -489,7 +489,7 @@ BEGIN
         LOOP
             failed := false;
             BEGIN
-                SELECT * INTO batch FROM %1$I.idem_pass_batch(pass, size, skipped);
+                SELECT * INTO batch FROM %1$I.idem__pass_batch(pass, size, skipped);
             EXCEPTION WHEN OTHERS THEN
                 RAISE WARNING 'idempotency maintenance for database "%%" failed a pass: %%',
                               current_database(), SQLERRM
@@ -537,7 +537,7 @@ COMMENT ON PROCEDURE idem_maintenance() IS
 -- which answers only for a role the session could SET ROLE to and that may
 -- execute idem_list: never more than SET ROLE would give.
 --
-CREATE OR REPLACE FUNCTION idem_list_for(
+CREATE OR REPLACE FUNCTION idem__list_for(
     caller_role      regrole,
     wanted_state     text,
     wanted_operation text,
@@ -583,7 +583,7 @@ BEGIN
     list_state := $2::idem_state;
     IF $3 IS NOT NULL THEN
         bytes := convert_to($3, 'UTF8');
-        key_limit := idem_setting_integer('idempotency.max_key_length', 255, 1, 8192);
+        key_limit := idem__setting_integer('idempotency.max_key_length', 255, 1, 8192);
         IF length(bytes) = 0 THEN
             RAISE EXCEPTION 'operation must not be empty' USING ERRCODE = '22023';
         END IF;
@@ -657,7 +657,7 @@ RETURNS TABLE (
     updated_age    interval)
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 AS $$
-SELECT * FROM idem_list_for(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), $1, $2, $3, $4)
+SELECT * FROM idem__list_for(pg_catalog.to_regrole(pg_catalog.quote_ident(current_user)), $1, $2, $3, $4)
 $$;
 
 COMMENT ON FUNCTION idem_list(text, text, interval, integer) IS
@@ -695,3 +695,24 @@ $$;
 
 COMMENT ON FUNCTION idem_records_without_role() IS
     'Idempotency records that belong to no existing role: a name no role had at the 1.3 update (former_role), or a role dropped since (role_oid)';
+
+--
+-- An earlier install of this version named the private helpers of the
+-- settings, the maintenance passes and idem_list idem_* as if they were
+-- part of the API, which they are not (the C extension has none of them):
+-- this run made them under their idem__* names and drops the old ones.
+-- Nothing else may use them: a DROP that something still needs fails the
+-- install, which leaves everything as it was.
+--
+DROP FUNCTION IF EXISTS
+    idem_setting_integer(text, integer, integer, integer, text),
+    idem_setting_enum(text, text, text[]),
+    idem_setting_boolean(text, boolean),
+    idem_pass_sql(text, text, boolean),
+    idem_pass_skip(text, bigint, text, text, boolean, boolean),
+    idem_pass_batch(text, integer, bigint[]),
+    idem_list_for(regrole, text, text, interval, integer),
+    idem_key_hash_prefix(text),
+    idem_redact_key(text, text),
+    idem_error_concerns_rows(text),
+    idem_positive_argument(integer, text, integer);

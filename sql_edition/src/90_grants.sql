@@ -41,9 +41,9 @@ DECLARE
         'idem_heartbeat(text,interval)',
         'idem_checkpoint(text,text)',
         'idem_resolve(bigint,text,integer,jsonb,jsonb,bytea)',
-        'idem_setting_integer(text,integer,integer,integer,text)',
-        'idem_setting_enum(text,text,text[])',
-        'idem_setting_boolean(text,boolean)',
+        'idem__setting_integer(text,integer,integer,integer,text)',
+        'idem__setting_enum(text,text,text[])',
+        'idem__setting_boolean(text,boolean)',
         'idem__no_request()',
         'idem__key_lock_id(regrole,text,text,text,text)',
         'idem__new_secret()',
@@ -54,6 +54,12 @@ DECLARE
         'idem__plain_scope(text,text,text)',
         'idem__plain_role(regrole,regprocedure)',
         'idem__answer(text,bigint,idem_state,integer,text,integer,jsonb,jsonb,text,bytea,timestamp with time zone,timestamp with time zone)'];
+    -- Private helpers pinned all the same: the maintenance passes', which
+    -- idem_maintenance() calls (a procedure that commits, so with no
+    -- search_path of its own) and which run with the caller's privileges.
+    pinned_helpers constant text[] := ARRAY[
+        'idem__pass_batch', 'idem__pass_skip', 'idem__pass_sql', 'idem__error_concerns_rows',
+        'idem__positive_argument', 'idem__key_hash_prefix', 'idem__redact_key'];
     f record;
 BEGIN
     -- A function made by this run has the default privileges (PUBLIC may
@@ -83,7 +89,8 @@ BEGIN
            AND p.proname OPERATOR(pg_catalog.~~) E'idem\\_%'
            AND p.prokind OPERATOR(pg_catalog.=) 'f'
            AND NOT (p.oid::pg_catalog.regprocedure::text OPERATOR(pg_catalog.=) ANY (inlined))
-           AND NOT (p.proname OPERATOR(pg_catalog.~~) E'idem\\_\\_%' AND NOT p.prosecdef)
+           AND NOT (p.proname OPERATOR(pg_catalog.~~) E'idem\\_\\_%' AND NOT p.prosecdef
+                    AND NOT (p.proname OPERATOR(pg_catalog.=) ANY (pinned_helpers)))
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.signature, schema_oid::pg_catalog.regnamespace::text);

@@ -146,4 +146,49 @@ check_setting 0.5 'ERROR:  22023: 0 s is outside the valid range for parameter "
                   FROM (SELECT idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject') AS o) AS x")" = 2.000000 ] \
     || fail "default_ttl = '2.5' not rounded half to even"
 
-echo "hostile: direct calls of private functions, another role's advisory locks and settings beyond a number checked"
+# 4. With the archive renamed by its owner and cleanup_action 'archive' (a
+# placeholder the role may set), a claim that reuses the role's expired
+# record is refused (42P01), and a table of the role's own named
+# idem_records_archive in pg_temp, which the functions' search_path lists
+# last, is never written in its place: its trigger would run as the owner
+# of idem_records and read every role's records.
+as_app -c "SELECT idem_complete(token, 200, '{}') FROM idem_claim('op', 'archive-gone', '{}', ttl => '1 ms')" >/dev/null
+as_super -c "UPDATE idempotency.idem_records SET expires_at = clock_timestamp() - interval '1 hour'
+              WHERE key = 'archive-gone'" \
+         -c "ALTER TABLE idempotency.idem_records_archive RENAME TO idem_records_archive_moved"
+out=$(as_app -v VERBOSITY=verbose <<'SQL' 2>&1
+CREATE TEMP TABLE loot (role regrole, key text);
+DO $$
+BEGIN
+    EXECUTE (SELECT 'CREATE TEMP TABLE idem_records_archive ('
+                    || string_agg(quote_ident(attname) || ' ' || format_type(atttypid, atttypmod), ', '
+                                  ORDER BY attnum) || ')'
+               FROM pg_attribute
+              WHERE attrelid = 'idempotency.idem_records_archive_moved'::regclass
+                AND attnum > 0 AND NOT attisdropped);
+END $$;
+CREATE FUNCTION pg_temp.take() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pg_temp.loot SELECT r.role, r.key FROM idempotency.idem_records AS r;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER take BEFORE INSERT ON pg_temp.idem_records_archive
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.take();
+GRANT ALL ON pg_temp.idem_records_archive, pg_temp.loot TO idem_sqled_h_owner;
+SET idempotency.cleanup_action = 'archive';
+\set ON_ERROR_STOP off
+SELECT outcome FROM idem_claim('op', 'archive-gone', '{}', on_expired => 'proceed');
+\set ON_ERROR_STOP on
+SELECT 'taken ' || count(*) FROM pg_temp.loot;
+SELECT 'copied ' || count(*) FROM pg_temp.idem_records_archive;
+SQL
+)
+as_super -c "ALTER TABLE idempotency.idem_records_archive_moved RENAME TO idem_records_archive"
+echo "$out" | grep -q '^ERROR:  42P01: idempotency cannot reuse an expired record: relation "idem_records_archive" does not exist' \
+    || fail "a reuse with the archive renamed: $out"
+echo "$out" | grep -qx 'taken 0' && echo "$out" | grep -qx 'copied 0' \
+    || fail "a reuse with the archive renamed wrote the role's own table in pg_temp: $out"
+[ "$(as_super -At -c "SELECT state FROM idempotency.idem_records WHERE key = 'archive-gone'")" = succeeded ] \
+    || fail "a refused reuse changed the record"
+
+echo "hostile: direct calls of private functions, another role's advisory locks, settings beyond a number and a renamed archive checked"

@@ -94,6 +94,33 @@ as_owner -v schema=idempotency -f "$installer"
 [ "$(as_owner -Atc "$digest")" = "$before" ] || fail "a second run changed the records"
 [ "$(as_owner -Atc "$acl")" = "$granted" ] || fail "a second run changed the grants: $(as_owner -Atc "$acl")"
 
+# An install of 1.3 made before the private helpers of the settings, the
+# passes and idem_list had their idem__* names (the helpers of this one
+# renamed back to the names it gave them): a run of the installer leaves
+# none of the old names, keeps every record and grant, and everything that
+# called them works (the passes and idem_list below).
+helpers="'idem__setting_integer', 'idem__setting_enum', 'idem__setting_boolean', 'idem__pass_sql',
+         'idem__pass_skip', 'idem__pass_batch', 'idem__list_for', 'idem__key_hash_prefix',
+         'idem__redact_key', 'idem__error_concerns_rows', 'idem__positive_argument'"
+old_names="SELECT count(*) FROM pg_proc
+            WHERE pronamespace = 'idempotency'::regnamespace
+              AND 'idem__' || substr(proname, 6) IN ($helpers)"
+as_owner -c "DO \$\$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc AS p
+              WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proname IN ($helpers) LOOP
+        EXECUTE format('ALTER FUNCTION %s RENAME TO %I', f,
+                       'idem_' || substr((SELECT proname FROM pg_proc WHERE oid = f), 7));
+    END LOOP;
+END \$\$"
+[ "$(as_owner -Atc "$old_names")" = 11 ] || fail "the helpers were not renamed back: $(as_owner -Atc "$old_names")"
+as_owner -v schema=idempotency -f "$installer"
+[ "$(as_owner -Atc "$old_names")" = 0 ] || fail "a run over the old names left $(as_owner -Atc "$old_names") of them"
+[ "$(as_owner -Atc "$digest")" = "$before" ] || fail "a run over the old names changed the records"
+[ "$(as_owner -Atc "$acl")" = "$granted" ] || fail "a run over the old names changed the grants: $(as_owner -Atc "$acl")"
+
 # 4. A downgrade is refused, and keeps every record.
 as_owner -c "UPDATE idempotency.idem_sql_edition SET version = '1.10'"
 if out=$(as_owner -v schema=idempotency -f "$installer" 2>&1); then
@@ -173,8 +200,8 @@ SQL
 $psql -X -q -At -d $db -U idem_sqled_app -c "SELECT key FROM idempotency.idem_list('unknown')" \
     | grep -qx u || fail "idem_list did not list the role's own record"
 out=$($psql -X -q -d $db -U idem_sqled_app \
-        -c "SELECT * FROM idempotency.idem_list_for('idem_sqled_other', 'unknown', NULL, NULL, 100)" 2>&1 || true)
+        -c "SELECT * FROM idempotency.idem__list_for('idem_sqled_other', 'unknown', NULL, NULL, 100)" 2>&1 || true)
 echo "$out" | grep -q 'permission denied to act as role "idem_sqled_other"' \
-    || fail "idem_list_for answered for another role: $out"
+    || fail "idem__list_for answered for another role: $out"
 
 echo "install_and_maintenance: install, second run, downgrade, settings, maintenance and idem_list checked"

@@ -47,7 +47,8 @@ SELECT has_table_privilege('public', 'idem_records', 'SELECT') AS public_can_rea
 -- of the API, only the pure functions (no record read or written) are open
 -- to PUBLIC.  The private helpers behind the API (idem__*) are too, since
 -- the API's LANGUAGE sql wrappers run as their caller: each refuses a
--- caller that may not EXECUTE the API function it stands for (below).
+-- caller that may not EXECUTE the API function it stands for (below), or,
+-- for the maintenance passes, acts with the caller's own privileges.
 SELECT p.oid::regprocedure::text AS open_to_public
   FROM pg_proc p
  WHERE p.pronamespace = 'public'::regnamespace
