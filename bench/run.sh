@@ -960,10 +960,13 @@ part_counters() {
 # The SQL edition runs where it is meant to: in a second cluster of the same
 # PostgreSQL, with the same settings, that loads no library of ours (as a
 # managed service does not), so that its idempotency.* settings are unset
-# placeholders.  Its database bench_sql holds the SQL edition, installed as
-# its README says, with the same baselines and the same records as bench
-# (load.sql).  Results are "protocol:edition:workload<TAB>tps"; c and peer
-# run in bench, sql in bench_sql, the same workload files.
+# placeholders, but for idempotency.synchronous_outcomes, off in both
+# clusters, so that neither edition flushes its outcomes' commits when
+# synchronous_commit is off.  Its database bench_sql holds the SQL edition,
+# installed as its README says, with the same baselines and the same
+# records as bench (load.sql).  Results are
+# "protocol:edition:workload<TAB>tps"; c and peer run in bench, sql in
+# bench_sql, the same workload files.
 start_sql_cluster() {
     local conf=$IDEM_TMP/data-sql/postgresql.conf
     SQL_PORT=$(free_port)
@@ -981,6 +984,8 @@ start_sql_cluster() {
         echo "max_wal_size = '8GB'"
         echo "checkpoint_timeout = '30min'"
         echo "autovacuum = off"
+        # as the C edition's cluster: outcomes committed as synchronous_commit says
+        echo "idempotency.synchronous_outcomes = off"
     } | as_postgres tee -a "$conf" >/dev/null
     IDEM_STOP_CLUSTERS+=("$bindir/pg_ctl|$IDEM_TMP/data-sql")
     as_postgres "$bindir/pg_ctl" -D "$IDEM_TMP/data-sql" -l "$IDEM_TMP/server-sql.log" -w start >/dev/null \
