@@ -44,8 +44,9 @@
 #                defaults to prepared there).
 #
 #   editions     the SQL edition (sql_edition/) beside the C edition and the
-#                PL/pgSQL peer, in one cluster (the C edition in database
-#                bench, the SQL edition in bench_sql, loaded alike): new keys
+#                PL/pgSQL peer (the C edition in database bench, the SQL
+#                edition in bench_sql of a second cluster that loads no
+#                library of ours, as on a managed service; loaded alike): new keys
 #                and replays of a request of about 300 bytes that differs per
 #                call, in each of PROTOCOLS, ROUNDS alternating rounds; then
 #                where the SQL edition's time goes: each of its functions'
@@ -270,13 +271,13 @@ server_ticks() {
 wait_children() {
     local i
     for i in $(seq 1 100); do
-        [ "$(children)" -le "$1" ] && return 0
+        [ "$(children "${2:-}")" -le "$1" ] && return 0
         sleep 0.05
     done
 }
 children() {
     local pm
-    pm=$(head -1 "$IDEM_TMP/data/postmaster.pid")
+    pm=$(head -1 "${1:-$IDEM_TMP/data}/postmaster.pid")
     { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pm="$pm" '{ sub(/^.*\) /, "") } $2 == pm' | wc -l
 }
 
@@ -956,19 +957,52 @@ part_counters() {
 }
 
 # --- editions: the SQL edition beside the C edition and the peer -------------
-# bench_sql holds the SQL edition, installed as its README says, with the
-# same baselines and the same records as bench (load.sql).  Results are
+# The SQL edition runs where it is meant to: in a second cluster of the same
+# PostgreSQL, with the same settings, that loads no library of ours (as a
+# managed service does not), so that its idempotency.* settings are unset
+# placeholders, but for idempotency.synchronous_outcomes, off in both
+# clusters, so that neither edition flushes its outcomes' commits when
+# synchronous_commit is off.  Its database bench_sql holds the SQL edition,
+# installed as its README says, with the same baselines and the same
+# records as bench (load.sql).  Results are
 # "protocol:edition:workload<TAB>tps"; c and peer run in bench, sql in
 # bench_sql, the same workload files.
+start_sql_cluster() {
+    local conf=$IDEM_TMP/data-sql/postgresql.conf
+    SQL_PORT=$(free_port)
+    as_postgres "$bindir/initdb" -D "$IDEM_TMP/data-sql" -A trust -U postgres \
+        --no-sync -E UTF8 --locale=C >"$IDEM_TMP/initdb-sql.log" 2>&1 \
+        || { cat "$IDEM_TMP/initdb-sql.log"; return 1; }
+    {
+        echo "port = $SQL_PORT"
+        echo "listen_addresses = '127.0.0.1'"
+        echo "unix_socket_directories = '$IDEM_TMP'"
+        echo "fsync = off"
+        echo "synchronous_commit = off"
+        echo "shared_buffers = '512MB'"
+        echo "maintenance_work_mem = '512MB'"
+        echo "max_wal_size = '8GB'"
+        echo "checkpoint_timeout = '30min'"
+        echo "autovacuum = off"
+        # as the C edition's cluster: outcomes committed as synchronous_commit says
+        echo "idempotency.synchronous_outcomes = off"
+    } | as_postgres tee -a "$conf" >/dev/null
+    IDEM_STOP_CLUSTERS+=("$bindir/pg_ctl|$IDEM_TMP/data-sql")
+    as_postgres "$bindir/pg_ctl" -D "$IDEM_TMP/data-sql" -l "$IDEM_TMP/server-sql.log" -w start >/dev/null \
+        || { cat "$IDEM_TMP/server-sql.log"; return 1; }
+}
+psql_sql() { PGPORT=$SQL_PORT psql_db bench_sql "$@"; }
+
 part_editions() {
-    local results=$IDEM_TMP/editions.tsv round p v ed w db dir out tps
+    local results=$IDEM_TMP/editions.tsv round p v ed w db port dir out tps
     : >"$results"
-    as_postgres "$bindir/createdb" bench_sql
-    psql_db bench_sql -f "$IDEM_TMP/src/sql_edition/idempotency_sql.sql" >/dev/null
-    psql_db bench_sql -f "$IDEM_TMP/src/bench/baselines.sql"
+    start_sql_cluster
+    PGPORT=$SQL_PORT as_postgres "$bindir/createdb" bench_sql
+    psql_sql -f "$IDEM_TMP/src/sql_edition/idempotency_sql.sql" >/dev/null
+    psql_sql -f "$IDEM_TMP/src/bench/baselines.sql"
     log "loading $KEYS finished and $KEYS running keys into bench_sql"
-    psql_db bench_sql -v keys="$KEYS" -f "$IDEM_TMP/src/bench/load.sql"
-    psql_db bench_sql -c "VACUUM ANALYZE" >/dev/null
+    psql_sql -v keys="$KEYS" -f "$IDEM_TMP/src/bench/load.sql"
+    psql_sql -c "VACUUM ANALYZE" >/dev/null
     psql_bench -c "ALTER SYSTEM SET autovacuum = off" -c "SELECT pg_reload_conf()" >/dev/null
     make_simple_workloads
     for round in $(seq 1 "$ROUNDS"); do
@@ -978,8 +1012,9 @@ part_editions() {
             for v in c:new_ext_300 sql:new_ext_300 peer:new_peer_300 \
                      c:replay_ext_300 sql:replay_ext_300 peer:replay_peer_300; do
                 ed=${v%%:*} w=${v#*:}
-                db=bench; [ "$ed" = sql ] && db=bench_sql
-                out=$(as_postgres "$bindir/pgbench" -n -M "$p" -c "$CLIENTS" -j 2 \
+                db=bench port=$PGPORT
+                if [ "$ed" = sql ]; then db=bench_sql port=$SQL_PORT; fi
+                out=$(PGPORT=$port as_postgres "$bindir/pgbench" -n -M "$p" -c "$CLIENTS" -j 2 \
                     -T "$RUN_SECONDS" -D keys="$KEYS" -f "$dir/$w.sql" "$db" 2>&1) \
                     || { echo "$out" >&2; log "pgbench failed for $v ($p)"; return 1; }
                 tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
@@ -988,7 +1023,7 @@ part_editions() {
             done
         done
         psql_bench -c "VACUUM ANALYZE"
-        psql_db bench_sql -c "VACUUM ANALYZE"
+        psql_sql -c "VACUUM ANALYZE"
     done
     psql_bench -c "ALTER SYSTEM RESET autovacuum" -c "SELECT pg_reload_conf()" >/dev/null
 
@@ -997,23 +1032,23 @@ part_editions() {
     # per transaction of each workload, in the prepared protocol.
     local profile=$IDEM_TMP/editions_profile.txt tx lat kids
     : >"$profile"
-    psql_db bench_sql -c "ALTER DATABASE bench_sql SET track_functions = 'all'" >/dev/null
+    psql_sql -c "ALTER DATABASE bench_sql SET track_functions = 'all'" >/dev/null
     for w in new_ext_300 replay_ext_300; do
-        psql_db bench_sql -c "SELECT pg_stat_reset()" >/dev/null
-        kids=$(children)
-        out=$(as_postgres "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 \
+        psql_sql -c "SELECT pg_stat_reset()" >/dev/null
+        kids=$(children "$IDEM_TMP/data-sql")
+        out=$(PGPORT=$SQL_PORT as_postgres "$bindir/pgbench" -n -M prepared -c "$CLIENTS" -j 2 \
             -T "$RUN_SECONDS" -D keys="$KEYS" -f "$W/$w.sql" bench_sql 2>&1) \
             || { echo "$out" >&2; return 1; }
         tx=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
         lat=$(echo "$out" | sed -n 's/^latency average = \([0-9.]*\) ms/\1/p')
         # the backends report their function counts as they exit
-        wait_children "$kids"
+        wait_children "$kids" "$IDEM_TMP/data-sql"
         {
             echo "$w: $tx transactions, $lat ms average latency ($CLIENTS clients)"
             echo
             echo "| function | calls per transaction | own time per transaction (µs) | with what it calls (µs) |"
             echo "| --- | ---: | ---: | ---: |"
-            sql_value bench_sql "SELECT format('| %s | %s | %s | %s |', funcname,
+            PGPORT=$SQL_PORT sql_value bench_sql "SELECT format('| %s | %s | %s | %s |', funcname,
                                           round(calls::numeric / $tx, 2),
                                           round((self_time * 1000 / $tx)::numeric, 1),
                                           round((total_time * 1000 / $tx)::numeric, 1))
@@ -1023,12 +1058,13 @@ part_editions() {
             echo
         } >>"$profile"
     done
-    psql_db bench_sql -c "ALTER DATABASE bench_sql RESET track_functions" >/dev/null
+    psql_sql -c "ALTER DATABASE bench_sql RESET track_functions" >/dev/null
     {
         echo "### The SQL edition beside the C edition and the PL/pgSQL peer"
         echo
         echo "A request of about 300 bytes that differs per call; median tps of $ROUNDS alternating rounds, $CLIENTS clients, ${RUN_SECONDS}s per run;"
-        echo "the C edition and the peer in one database, the SQL edition in another of the same cluster, loaded alike."
+        echo "the C edition and the peer in one database of a cluster that preloads the C edition's library, the SQL edition in a"
+        echo "database of a second cluster of the same PostgreSQL and settings that loads no library of ours, loaded alike."
         echo
         echo "| protocol | new keys: C | SQL | peer | replays: C | SQL | peer |"
         echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"

@@ -2512,10 +2512,23 @@ BEGIN
 END
 $$;
 
+-- Whether the settings a claim reads are at their defaults: never set
+-- (what they are on a server without the C edition's library), reset, or
+-- set to the text of the default, which is how a server that loaded that
+-- library shows them.  Inlined into the claims' expressions: no call, no
+-- parsing.
+CREATE OR REPLACE FUNCTION idem__default_claim_settings()
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') IN ('', '1d')
+       AND coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') IN ('', '30s')
+       AND coalesce(pg_catalog.current_setting('idempotency.claim_wait', true), '') IN ('', '0');
+
 -- Whether a scope plainly passes its checks: operation, key and tenant
 -- given, a key of 1 to 255 bytes of printable ASCII, names without control
--- characters within 255 bytes, idempotency.max_key_length not set.  When
--- it does not, idem__check_scope finds the error, if any.  Inlined into
+-- characters within 255 bytes, idempotency.max_key_length not set or set
+-- to its default (as a server that loaded the C edition's library shows
+-- it).  When it does not, idem__check_scope finds the error, if any.  Inlined into
 -- the claims' expressions: no call.
 CREATE OR REPLACE FUNCTION idem__plain_scope(operation text, key text, tenant text)
 RETURNS boolean
@@ -2524,7 +2537,7 @@ RETURN coalesce(NOT (key = '' OR pg_catalog.octet_length(key) > 255 OR key ~ '[^
                      OR operation = '' OR pg_catalog.octet_length(operation) > 255
                      OR operation ~ E'[\\x01-\\x1f\\x7f]'
                      OR pg_catalog.octet_length(tenant) > 255 OR tenant ~ E'[\\x01-\\x1f\\x7f]'
-                     OR coalesce(pg_catalog.current_setting('idempotency.max_key_length', true), '') <> ''),
+                     OR coalesce(pg_catalog.current_setting('idempotency.max_key_length', true), '') NOT IN ('', '255')),
                 false);
 
 -- Whether the role a call passes is plainly the caller's: the session's
@@ -2611,9 +2624,7 @@ BEGIN
     END IF;
     IF caller IS NOT NULL OR ttl IS NOT NULL OR lease IS NOT NULL OR wait IS NOT NULL
        OR on_lease_expiry IS DISTINCT FROM 'unknown' OR on_expired IS DISTINCT FROM 'reject'
-       OR pg_catalog.current_setting('idempotency.default_ttl', true) <> ''
-       OR pg_catalog.current_setting('idempotency.default_lease', true) <> ''
-       OR pg_catalog.current_setting('idempotency.claim_wait', true) <> '' THEN
+       OR NOT idem__default_claim_settings() THEN
         o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
         RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
                                CASE WHEN request IS NULL THEN idem__no_request()
@@ -2644,9 +2655,7 @@ BEGIN
     IF NOT idem__plain_scope(operation, key, tenant) THEN
         PERFORM idem__check_scope(operation, key, tenant);
     END IF;
-    IF pg_catalog.current_setting('idempotency.default_ttl', true) <> ''
-       OR pg_catalog.current_setting('idempotency.default_lease', true) <> ''
-       OR pg_catalog.current_setting('idempotency.claim_wait', true) <> '' THEN
+    IF NOT idem__default_claim_settings() THEN
         o := idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject');
         RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
                                o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false);
