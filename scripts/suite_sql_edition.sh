@@ -24,7 +24,9 @@
 #   - the job of sql_edition/README.md, scheduled with pg_cron by the
 #     installing role, expires a lease and deletes an expired record,
 #     polled for with a bound;
-#   - the edition's own checks (sql_edition/test/*.sh).
+#   - the edition's own checks (sql_edition/test/*.sh);
+#   - on the first version, both editions' canonical form and fingerprint
+#     against an independent RFC 8785 implementation (test/jcs-differential).
 # The cluster is stopped whatever happens (cleanup, scripts/lib.sh).
 
 # sqled_major: the major version of $PG_CONFIG.
@@ -597,6 +599,19 @@ sqled_differential() {
     sqled_result "the fingerprint differential: the SQL edition's canonical form and fingerprint are the C edition's" "$ok"
 }
 
+# sqled_jcs: both editions' canonical form and fingerprint against an
+# independent RFC 8785 implementation (test/jcs-differential: the npm
+# package canonicalize), on documents drawn from every Unicode range.
+sqled_jcs() {
+    local ok=1 out=$IDEM_TMP/sqled-jcs.out
+    log "suite: sql_edition RFC 8785 differential (test/jcs-differential, 5000 documents)"
+    env -u IDEM_TMP bash "$IDEM_ROOT/test/jcs-differential/run.sh" 5000 1 >"$out" 2>&1 || ok=0
+    grep -E '^(the |differential: )' "$out" || true
+    [ "$(grep -c '^differential: 5000 passed, 0 failed$' "$out")" = 2 ] || ok=0
+    [ "$ok" = 1 ] || tail -n 60 "$out"
+    sqled_result "the RFC 8785 differential: both editions' canonical form and fingerprint are canonicalize's" "$ok"
+}
+
 # The suite.
 run_sql_edition_suite() {
     local sqled_failed=0 major
@@ -607,6 +622,8 @@ run_sql_edition_suite() {
     sqled_check_list
     sqled_schema_compare
     sqled_differential
+    # (node and npm: on the first version, as the clients)
+    if [ -z "${IDEM_RUN_LABEL:-}" ]; then sqled_jcs; fi
     if ! sqled_copy_packages "$IDEM_TMP/sqled-pg" || ! sqled_start; then
         sqled_result "a cluster of the distribution's PostgreSQL $major packages alone, pg_cron preloaded" 0
         failed_suites+=(sql_edition)

@@ -3,7 +3,7 @@
 // independent RFC 8785 implementation).  run.sh drives it:
 //
 //   node check.mjs generate COUNT SEED DIR   writes DIR/docs.hex, DIR/expected.txt
-//   node check.mjs compare DIR               reads DIR/actual.txt, reports
+//   node check.mjs compare DIR [FILE]        reads DIR/FILE (actual.txt), reports
 //
 // Every number has at most 15 significant digits and a magnitude between
 // 1e-300 and 1e300, so that its nearest double (what RFC 8785 formats)
@@ -183,10 +183,10 @@ function walk(value, stats) {
   }
 }
 
-function compare(dir) {
+function compare(dir, file = 'actual.txt') {
   const docs = readFileSync(`${dir}/docs.hex`, 'utf8').trimEnd().split('\n');
   const expected = readFileSync(`${dir}/expected.txt`, 'utf8').trimEnd().split('\n');
-  const actual = readFileSync(`${dir}/actual.txt`, 'utf8').trimEnd().split('\n');
+  const actual = readFileSync(`${dir}/${file}`, 'utf8').trimEnd().split('\n');
   let passed = 0;
   let failed = 0;
   const stats = { bytes: 0, keys: 0, astralKeys: 0, numbers: 0 };
@@ -223,8 +223,8 @@ const [command, ...args] = process.argv.slice(2);
 if (command === 'generate') {
   generate(Number(args[0]), Number(args[1]), args[2]);
 } else if (command === 'compare') {
-  compare(args[0]);
+  compare(args[0], args[1]);
 } else {
-  console.error('usage: node check.mjs generate COUNT SEED DIR | compare DIR');
+  console.error('usage: node check.mjs generate COUNT SEED DIR | compare DIR [FILE]');
   process.exit(2);
 }
