@@ -16,6 +16,10 @@ my $installer = dirname(__FILE__) . '/../sql_edition/idempotency_sql.sql';
 
 my $node = PostgreSQL::Test::Cluster->new('editions');
 $node->init;
+# the extension's library preloaded, as a server of its own has it (an
+# encryption key is used only then); the SQL edition's databases see its
+# settings at their defaults
+$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
 $node->start;
 
 $node->safe_psql('postgres', q{
@@ -169,11 +173,39 @@ check_moved('selfhosted', 'm', $token, $records_before, $archive_before, 5);
 # edition's owner, who is no superuser.
 my $token2 = make_records('selfhosted', 's');
 ok(defined $token2, 'the extension minted a token for the running attempt');
+# And a response the extension stored encrypted (idempotency.encryption_key),
+# which moves as it is.
+$node->safe_psql('selfhosted', q{
+	SET idempotency.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
+	SET ROLE app; SET search_path = idempotency;
+	SELECT idem_complete(token, 201, '{"id": "PAY-S"}', '{"Location": "/payments/PAY-S"}')
+	  FROM idem_claim('payments.create', 'sealed', '{"amount": 7}');
+});
+is($node->safe_psql('selfhosted', q{
+	SELECT response_sealed IS NOT NULL AND response_body IS NULL FROM idempotency.idem_records
+	 WHERE key = 'sealed'}), 't', 'the extension stored the response sealed');
 $records_before = $node->safe_psql('selfhosted', $records_query);
 $archive_before = $node->safe_psql('selfhosted', $archive_query);
 install_sql_edition('managed_again');
 move_records('selfhosted', 'postgres', 'managed_again', 'owner_role');
-check_moved('managed_again', 's', $token2, $records_before, $archive_before, 10);
+check_moved('managed_again', 's', $token2, $records_before, $archive_before, 11);
+
+# The SQL edition cannot decrypt the sealed response: its replay is
+# refused, never answered without its body; another request still answers
+# mismatch.
+my ($ret, $stdout, $stderr) = $node->psql('managed_again', $as_app . q{
+	\set VERBOSITY verbose
+	SELECT outcome, body FROM idem_claim('payments.create', 'sealed', '{"amount": 7}')});
+isnt($ret, 0, 'a replay of the sealed response on the SQL edition fails');
+like($stderr, qr/55000: cannot decrypt a stored response: its key is not configured/,
+	'with 55000, as the extension without the key');
+like($stderr, qr/HINT:  Replay it where the C extension holds its key/, 'and a hint');
+is($node->safe_psql('managed_again', $as_app . q{
+	SELECT outcome, http_status FROM idem_claim('payments.create', 'sealed', '{"amount": 8}')}),
+	'mismatch|422', 'another request for the key still answers mismatch');
+($ret, $stdout, $stderr) = $node->psql('managed_again', $as_app . q{
+	SELECT * FROM idem_replay('payments.create', 'sealed')});
+like($stderr, qr/cannot decrypt a stored response/, 'idem_replay of it is refused too');
 
 # The records made on either edition, moved twice, still answer.
 is($node->safe_psql('managed_again', $as_app . qq{

@@ -62,6 +62,28 @@ RETURNS bytea
 LANGUAGE sql IMMUTABLE
 RETURN E'\\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
+-- A response the C extension stored encrypted (response_sealed: a record
+-- moved from a server where idempotency.encryption_key was set) cannot be
+-- read here: its replay is refused, never answered without its body.
+CREATE OR REPLACE FUNCTION idem__sealed_refusal(record_id bigint)
+RETURNS bytea
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RAISE EXCEPTION 'cannot decrypt a stored response: its key is not configured'
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              DETAIL = pg_catalog.format('The response of idempotency record %s was encrypted by the C extension (idempotency.encryption_key), which the SQL edition cannot decrypt.', record_id),
+              HINT = 'Replay it where the C extension holds its key, or store the response there again without encryption before moving the record.';
+END
+$$;
+
+-- The raw body argument of idem__answer: the stored raw body, or, for a
+-- sealed response, the refusal, which idem__answer evaluates only when it
+-- answers replay.  Inlined: STABLE, as idem__answer is.
+CREATE OR REPLACE FUNCTION idem__unsealed(record_id bigint, raw_body bytea, sealed bytea)
+RETURNS bytea
+LANGUAGE sql STABLE
+RETURN CASE WHEN sealed IS NULL THEN raw_body ELSE idem__sealed_refusal(record_id) END;
+
 -- What a claim answers from a record as it is (its columns, not its row
 -- type: a function taking idem_records would keep its owner from adding
 -- columns to the table).
@@ -286,7 +308,7 @@ BEGIN
         now_ts := pg_catalog.clock_timestamp();
         SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
                t.on_lease_expiry, t.response_status, t.response_headers, t.response_body,
-               t.resource_id, t.response_raw_body, t.expires_at
+               t.resource_id, t.response_raw_body, t.response_sealed, t.expires_at
           INTO r FROM idem_records AS t
          WHERE t.key = p_key AND t.operation = p_operation AND t.caller = p_caller
            AND t.tenant = p_tenant AND t.role = p_role;
@@ -361,7 +383,7 @@ BEGIN
                                       DETAIL = 'The idempotency record changed after this transaction''s snapshot was taken.',
                                       HINT = 'Retry the transaction: it will see the record''s answer.';
                     END;
-                    d := idem__answer('in_progress', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
+                    d := idem__answer('in_progress', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, idem__unsealed(r.id, r.response_raw_body, r.response_sealed), r.locked_until, now_ts);
                     d.retry_after := 1;
                     RETURN d;
                 END IF;
@@ -371,14 +393,14 @@ BEGIN
                 step_ms := LEAST(step_ms * 2, 100);
                 CONTINUE;
             END IF;
-            RETURN idem__answer(outcome, r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
+            RETURN idem__answer(outcome, r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, idem__unsealed(r.id, r.response_raw_body, r.response_sealed), r.locked_until, now_ts);
         END IF;
 
         -- the decision needs a write
         IF pg_catalog.current_setting('transaction_read_only') = 'on' OR pg_catalog.pg_is_in_recovery() THEN
             IF action = 'mark_unknown' THEN
                 r.state := 'unknown';
-                RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
+                RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, idem__unsealed(r.id, r.response_raw_body, r.response_sealed), r.locked_until, now_ts);
             END IF;
             PERFORM idem__require_writable('claim an idempotency key');
         END IF;
@@ -417,7 +439,7 @@ BEGIN
                     PERFORM idem__outcome_written();
                 END IF;
                     r.state := 'unknown';
-                    RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
+                    RETURN idem__answer('unknown', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, idem__unsealed(r.id, r.response_raw_body, r.response_sealed), r.locked_until, now_ts);
                 END IF;
             ELSE
                 -- a new command on an expired record, a takeover or a new attempt
@@ -654,7 +676,8 @@ BEGIN
                              ELSE 'in_progress' END,
                         t.id, t.state, t.attempt, t.recovery_point, t.response_status,
                         t.response_headers, t.response_body, t.resource_id,
-                        t.response_raw_body, t.locked_until, now_ts) AS answer
+                        idem__unsealed(t.id, t.response_raw_body, t.response_sealed),
+                        t.locked_until, now_ts) AS answer
       INTO found_row
       FROM idem_records AS t
      WHERE t.key = p_key AND t.operation = p_operation AND t.caller = ''
@@ -896,7 +919,7 @@ BEGIN
     scope_caller := idem__scope_caller(p_role, caller);
     SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
                t.on_lease_expiry, t.response_status, t.response_headers, t.response_body,
-               t.resource_id, t.response_raw_body, t.expires_at
+               t.resource_id, t.response_raw_body, t.response_sealed, t.expires_at
           INTO r FROM idem_records AS t
      WHERE t.key = idem__replay.key AND t.operation = idem__replay.operation
        AND t.caller = scope_caller AND t.tenant = idem__replay.tenant AND t.role = p_role;
@@ -906,7 +929,7 @@ BEGIN
     IF r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN
         IF now_ts < r.expires_at + idem__setting_integer('idempotency.tombstone_ttl', 604800, 0, 2147483647, 's')
                                    * interval '1 second' THEN
-            RETURN NEXT idem__answer('expired', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, r.response_raw_body, r.locked_until, now_ts);
+            RETURN NEXT idem__answer('expired', r.id, r.state, r.attempt, r.recovery_point, r.response_status, r.response_headers, r.response_body, r.resource_id, idem__unsealed(r.id, r.response_raw_body, r.response_sealed), r.locked_until, now_ts);
         END IF;
         RETURN;
     END IF;
@@ -918,7 +941,8 @@ BEGIN
                                   ELSE 'unknown' END,
                              r.id, r.state, r.attempt, r.recovery_point, r.response_status,
                              r.response_headers, r.response_body, r.resource_id,
-                             r.response_raw_body, r.locked_until, now_ts);
+                             idem__unsealed(r.id, r.response_raw_body, r.response_sealed),
+                             r.locked_until, now_ts);
 END
 $$;
 
