@@ -2572,31 +2572,29 @@ RETURN coalesce(role OPERATOR(pg_catalog.=) pg_catalog.to_regrole(pg_catalog.quo
                 AND pg_catalog.has_function_privilege(role, via, 'EXECUTE'), false);
 
 -- A claim with every option at its default, the call every request of a
--- client library makes: one statement reads the record and, for the
--- answers that need no write and no wait (replay, mismatch, unknown,
--- in_progress), makes the answer; a new key goes straight to its insert;
--- anything else to idem__claim_key.
+-- client library makes: one statement reads the record; the answers that
+-- need no write and no wait (replay, mismatch, unknown, in_progress) are
+-- made from it; a new key goes straight to its insert; anything else to
+-- idem__claim_key.  The statement reads the columns alone, and the answer
+-- is made afterwards from the outcome held in a variable: PL/pgSQL
+-- compiles a statement's expressions again in each transaction, and an
+-- answer made in the statement, the inlined idem__answer repeating the
+-- outcome's expression at each of its uses, cost a claim about as much
+-- again as the rest of the statement.
 CREATE OR REPLACE FUNCTION idem__claim_plain(p_role regrole, p_operation text, p_key text,
                                              p_tenant text, p_fingerprint bytea)
 RETURNS idem_decision
 LANGUAGE plpgsql AS $$
 DECLARE
     now_ts timestamptz := pg_catalog.clock_timestamp();
-    found_row record;
+    r record;
+    outcome text;
     inserted idem_decision;
 BEGIN
-    SELECT NOT (t.state IN ('succeeded', 'failed', 'retryable') AND t.expires_at <= now_ts)
-           AND (t.fingerprint <> p_fingerprint OR t.state IN ('succeeded', 'failed', 'unknown')
-                OR (t.state = 'processing' AND t.locked_until > now_ts)) AS settled,
-           idem__answer(CASE WHEN t.fingerprint <> p_fingerprint THEN 'mismatch'
-                             WHEN t.state IN ('succeeded', 'failed') THEN 'replay'
-                             WHEN t.state = 'unknown' THEN 'unknown'
-                             ELSE 'in_progress' END,
-                        t.id, t.state, t.attempt, t.recovery_point, t.response_status,
-                        t.response_headers, t.response_body, t.resource_id,
-                        idem__unsealed(t.id, t.response_raw_body, t.response_sealed),
-                        t.locked_until, now_ts) AS answer
-      INTO found_row
+    SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
+           t.response_status, t.response_headers, t.response_body, t.resource_id,
+           t.response_raw_body, t.response_sealed, t.expires_at
+      INTO r
       FROM idem_records AS t
      WHERE t.key = p_key AND t.operation = p_operation AND t.caller = ''
        AND t.tenant = p_tenant AND t.role = p_role;
@@ -2609,8 +2607,25 @@ BEGIN
         IF inserted.outcome IS NOT NULL THEN
             RETURN inserted;
         END IF;
-    ELSIF found_row.settled THEN
-        RETURN found_row.answer;
+    ELSE
+        -- NULL: an expired record to reuse, a retryable one, a lease that
+        -- ended (idem__claim_key decides)
+        outcome := CASE WHEN r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN NULL
+                        WHEN r.fingerprint <> p_fingerprint THEN 'mismatch'
+                        WHEN r.state IN ('succeeded', 'failed') THEN 'replay'
+                        WHEN r.state = 'unknown' THEN 'unknown'
+                        WHEN r.state = 'processing' AND r.locked_until > now_ts THEN 'in_progress' END;
+        IF outcome = 'replay' AND r.response_sealed IS NULL THEN
+            -- idem__answer's replay, written out: the common answer
+            RETURN ROW('replay', NULL, r.id, r.state, r.attempt, r.recovery_point, r.response_status,
+                       r.response_headers, r.response_body, NULL, NULL, r.resource_id,
+                       r.response_raw_body)::idem_decision;
+        ELSIF outcome IS NOT NULL THEN
+            RETURN idem__answer(outcome, r.id, r.state, r.attempt, r.recovery_point, r.response_status,
+                                r.response_headers, r.response_body, r.resource_id,
+                                idem__unsealed(r.id, r.response_raw_body, r.response_sealed),
+                                r.locked_until, now_ts);
+        END IF;
     END IF;
     RETURN idem__claim_key(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
                            interval '86400 seconds', 30000000, 0, 'unknown', false, false);
