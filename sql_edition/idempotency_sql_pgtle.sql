@@ -553,8 +553,15 @@ DECLARE
     to_state idem_state;
     expired boolean;
     finished_from boolean;
+    archive regclass;
     detail text;
 BEGIN
+    -- no write while a statement copies the table to new storage, which
+    -- would lose it (16_table.sql)
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', TG_TABLE_SCHEMA, 'pg_temp_' || TG_RELID::text))
+       IS NOT NULL THEN
+        PERFORM idem__refuse_write_during_rewrite(TG_RELID);
+    END IF;
     -- the writes of the idem_* functions, in one test each: a new attempt 1
     -- processing (or an inbox record); a write of a processing attempt that
     -- keeps its attempt, fingerprint, scope, key, id and created_at
@@ -617,6 +624,13 @@ BEGIN
     to_state := NEW.state;
     expired := OLD.expires_at <= pg_catalog.clock_timestamp();
     finished_from := from_state IN ('succeeded', 'failed', 'retryable');
+    IF finished_from AND expired THEN
+        -- a reuse, which may copy the record to the archive first
+        archive := pg_catalog.to_regclass(pg_catalog.format('%I.idem_records_archive', TG_TABLE_SCHEMA));
+        IF archive IS NOT NULL THEN
+            PERFORM idem__refuse_write_during_rewrite(archive);
+        END IF;
+    END IF;
 
     -- an expired record reused by idem_inbox: done at once, attempt 1
     IF to_state = 'succeeded' AND finished_from AND expired AND NEW.attempt = 1
@@ -979,6 +993,40 @@ LANGUAGE sql STABLE
 RETURN pg_catalog.pg_relation_filenode(idem__checked_relation(false)) IS DISTINCT FROM 0
    AND pg_catalog.pg_relation_filenode(idem__checked_relation(true)) IS DISTINCT FROM 0;
 
+--
+-- A statement that rewrites a table (ALTER TABLE ... ALTER COLUMN TYPE, a
+-- volatile default, CLUSTER, VACUUM FULL) copies its rows to new storage
+-- and discards the old: a record written or changed meanwhile, from an
+-- expression the statement evaluates, goes to the old storage and is lost
+-- with it (the key would answer proceed again, a record be deleted with
+-- its archived copy lost).  The C edition refuses every write of its own
+-- while a DDL statement runs in a transaction that holds the table
+-- exclusively, which it learns from a hook SQL does not have.  While the
+-- rows are copied, the new storage is a relation of the table's schema
+-- named pg_temp_ and the table's OID, visible to the rewriting
+-- transaction alone: the guard trigger (every INSERT and UPDATE of
+-- idem_records) and each batch of the maintenance passes (their DELETEs
+-- and the archive's INSERTs) look it up (one look-up of a name) and
+-- refuse the write.  A write made before the copy begins (from a
+-- table_rewrite event trigger, say) is copied with the rest, and kept.
+--
+CREATE OR REPLACE FUNCTION idem__refuse_write_during_rewrite(rel regclass)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I',
+           (SELECT n.nspname FROM pg_catalog.pg_class AS c
+              JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+             WHERE c.oid OPERATOR(pg_catalog.=) rel),
+           'pg_temp_' || rel::oid::text)) IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot write an idempotency record in a DDL statement while this transaction holds table "%" exclusively',
+                        (SELECT c.relname FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) rel)
+            USING ERRCODE = 'object_in_use',
+                  DETAIL = 'The statement may be rewriting the table, and the record would be lost with its old storage.',
+                  HINT = 'Claim, complete and clean up keys outside DDL statements, or once the transaction that altered the table has committed.';
+    END IF;
+END
+$$;
 
 -- src/20_canonical.sql
 --
@@ -3816,6 +3864,12 @@ BEGIN
     more := false;
     IF pass = 'purge' AND tombstone_ttl = 0 THEN
         RETURN;                 -- no tombstones kept: cleanup deletes at grace
+    END IF;
+    -- no write while a statement copies either table to new storage
+    -- (16_table.sql)
+    PERFORM idem__refuse_write_during_rewrite('idem_records'::regclass);
+    IF archive AND to_regclass('idem_records_archive') IS NOT NULL THEN
+        PERFORM idem__refuse_write_during_rewrite('idem_records_archive'::regclass);
     END IF;
     IF archive AND to_regclass('idem_records_archive') IS NULL THEN
         RAISE EXCEPTION 'idempotency % cannot archive: relation "%.idem_records_archive" does not exist',
