@@ -733,9 +733,13 @@ CREATE OR REPLACE TRIGGER idem_records_guard
 -- by its OID otherwise.  (idem__checked_relation() is declared IMMUTABLE
 -- so that the planner evaluates it, once, while it plans; were it ever
 -- evaluated at each call instead, each call would check the table: slower,
--- never less safe.)  A label renamed changes no relation: it is found by
--- the check of a session that plans anew, and until then the plans keep
--- the label's OID, the record's value, as the C edition keeps it.
+-- never less safe.)  Each definer function's plan of the expression runs
+-- the check once: idem__table_fits(), two statements that the session
+-- plans once for all of them; only a table that fails it is explained by
+-- idem__check_table(), whose many statements are planned then.  A label
+-- renamed changes no relation: it is found by the check of a session that
+-- plans anew, and until then the plans keep the label's OID, the record's
+-- value, as the C edition keeps it.
 --
 
 -- The error that says what is wrong with the table, if anything: the
@@ -983,13 +987,110 @@ BEGIN
 END
 $$;
 
+-- Whether the table plainly passes the check: what a session plans once
+-- (statements without parameters, on one catalog each, keep one plan for
+-- the session, shared by every function that checks) and then runs in a
+-- fraction of a millisecond.  A table that does not pass, or a label the
+-- edition does not know, is for idem__check_table() to explain; its many
+-- statements are planned only then.  Built-in OIDs as the C edition names
+-- them: collation "C" (950) and the B-tree operator class of bigint
+-- (3124, which only a B-tree index has).
+CREATE OR REPLACE FUNCTION idem__table_fits()
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tbl constant regclass := pg_catalog.to_regclass('idem_records');
+BEGIN
+    IF tbl IS NULL OR pg_catalog.to_regclass('idem_records_scope_key') IS NULL
+       OR pg_catalog.to_regtype('idem_state') IS NULL
+       OR pg_catalog.to_regtype('idem_lease_policy') IS NULL
+       OR NOT pg_catalog.has_table_privilege(tbl, 'SELECT, INSERT, UPDATE, DELETE')
+       OR pg_catalog.row_security_active(tbl) THEN
+        RETURN false;
+    END IF;
+    -- the labels, and no other (by their names: a label added in this
+    -- transaction may not be used as a value yet); every column of the
+    -- edition, of its type; the scope's texts in "C"; id an identity
+    IF (SELECT pg_catalog.string_agg(l.label, ',' ORDER BY l.label COLLATE "C")
+          FROM (SELECT CASE WHEN e.enumtypid OPERATOR(pg_catalog.=) pg_catalog.to_regtype('idem_state')
+                            THEN 'state:' ELSE 'policy:' END OPERATOR(pg_catalog.||) e.enumlabel::text AS label
+                  FROM pg_catalog.pg_enum AS e
+                 WHERE e.enumtypid OPERATOR(pg_catalog.=) pg_catalog.to_regtype('idem_state')
+                    OR e.enumtypid OPERATOR(pg_catalog.=) pg_catalog.to_regtype('idem_lease_policy')) AS l)
+       OPERATOR(pg_catalog.<>) 'policy:retry,policy:unknown,state:failed,state:processing,state:retryable,state:succeeded,state:unknown'
+       OR (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute AS a
+         WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('idem_records')
+           AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+           AND a.atttypid OPERATOR(pg_catalog.=) CASE a.attname::text
+                   WHEN 'id' THEN 'pg_catalog.int8'::pg_catalog.regtype::oid
+                   WHEN 'role' THEN 'pg_catalog.regrole'::pg_catalog.regtype::oid
+                   WHEN 'state' THEN pg_catalog.to_regtype('idem_state')::oid
+                   WHEN 'on_lease_expiry' THEN pg_catalog.to_regtype('idem_lease_policy')::oid
+                   WHEN 'attempt' THEN 'pg_catalog.int4'::pg_catalog.regtype::oid
+                   WHEN 'response_status' THEN 'pg_catalog.int4'::pg_catalog.regtype::oid
+                   WHEN 'ttl' THEN 'pg_catalog.interval'::pg_catalog.regtype::oid
+                   WHEN 'response_headers' THEN 'pg_catalog.jsonb'::pg_catalog.regtype::oid
+                   WHEN 'response_body' THEN 'pg_catalog.jsonb'::pg_catalog.regtype::oid
+                   ELSE CASE WHEN a.attname::text OPERATOR(pg_catalog.=) ANY (
+                                      '{fingerprint,attempt_token,response_raw_body,response_sealed}'::text[])
+                             THEN 'pg_catalog.bytea'::pg_catalog.regtype::oid
+                             WHEN a.attname::text OPERATOR(pg_catalog.=) ANY (
+                                      '{locked_until,created_at,claimed_at,updated_at,completed_at,expires_at}'::text[])
+                             THEN 'pg_catalog.timestamptz'::pg_catalog.regtype::oid
+                             WHEN a.attname::text OPERATOR(pg_catalog.=) ANY (
+                                      '{tenant,caller,operation,key,recovery_point,resource_id,former_role}'::text[])
+                             THEN 'pg_catalog.text'::pg_catalog.regtype::oid END END
+           AND (a.attcollation OPERATOR(pg_catalog.=) 950
+                OR a.attname::text OPERATOR(pg_catalog.<>) ALL ('{tenant,caller,operation,key}'::text[]))
+           AND (a.attidentity OPERATOR(pg_catalog.<>) '' OR a.attname OPERATOR(pg_catalog.<>) 'id'))
+       OPERATOR(pg_catalog.<>) 26 THEN
+        RETURN false;
+    END IF;
+    -- the scope's unique index, each of its five columns named once, text
+    -- in "C"; a unique index on id alone
+    RETURN (SELECT i.indrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('idem_records')
+                   AND i.indisunique AND i.indimmediate AND i.indisvalid AND i.indisready
+                   AND i.indislive AND i.indnkeyatts OPERATOR(pg_catalog.=) 5
+                   AND i.indexprs IS NULL AND i.indpred IS NULL
+                   AND (SELECT pg_catalog.count(DISTINCT a.attname)
+                          FROM pg_catalog.pg_attribute AS a
+                         WHERE a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                           AND a.attnum OPERATOR(pg_catalog.=) ANY (i.indkey::pg_catalog.int2[])
+                           AND a.attname::text OPERATOR(pg_catalog.=) ANY ('{role,tenant,caller,operation,key}'::text[]))
+                       OPERATOR(pg_catalog.=) 5
+                   AND pg_catalog.array_to_string(i.indcollation::pg_catalog.oid[], ',') OPERATOR(pg_catalog.=) (
+                       SELECT pg_catalog.string_agg(CASE WHEN a.attname OPERATOR(pg_catalog.=) 'role' THEN '0'
+                                                         ELSE '950' END, ',' ORDER BY u.n)
+                         FROM pg_catalog.unnest(i.indkey::pg_catalog.int2[]) WITH ORDINALITY AS u (attnum, n)
+                         JOIN pg_catalog.pg_attribute AS a
+                           ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                          AND a.attnum OPERATOR(pg_catalog.=) u.attnum)
+              FROM pg_catalog.pg_index AS i
+             WHERE i.indexrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('idem_records_scope_key'))
+       AND EXISTS (SELECT FROM pg_catalog.pg_index AS i
+                    WHERE i.indrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('idem_records')
+                      AND i.indisunique AND i.indimmediate AND i.indisvalid AND i.indisready
+                      AND i.indislive AND i.indnkeyatts OPERATOR(pg_catalog.=) 1
+                      AND i.indexprs IS NULL AND i.indpred IS NULL
+                      AND i.indclass[0] OPERATOR(pg_catalog.=) 3124
+                      AND i.indkey[0] OPERATOR(pg_catalog.=) (
+                          SELECT a.attnum FROM pg_catalog.pg_attribute AS a
+                           WHERE a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                             AND a.attname OPERATOR(pg_catalog.=) 'id'));
+END
+$$;
+
 -- The table, or its scope index (scope_index), once the table passed the
--- check: see the top of this file for why it is IMMUTABLE.
+-- check (the first of the two, whichever the planner folds first, checks
+-- it; the scope index is taken afterwards, under the name checked): see
+-- the top of this file for why it is IMMUTABLE.
 CREATE OR REPLACE FUNCTION idem__checked_relation(scope_index boolean)
 RETURNS regclass
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    PERFORM idem__check_table();
+    IF NOT scope_index AND NOT coalesce(idem__table_fits(), false) THEN
+        PERFORM idem__check_table();
+    END IF;
     RETURN pg_catalog.to_regclass(CASE WHEN scope_index THEN 'idem_records_scope_key' ELSE 'idem_records' END);
 END
 $$;
