@@ -1081,9 +1081,10 @@ END
 $$;
 
 -- The table, or its scope index (scope_index), once the table passed the
--- check (the first of the two, whichever the planner folds first, checks
--- it; the scope index is taken afterwards, under the name checked): see
--- the top of this file for why it is IMMUTABLE.
+-- check: the table's call checks it, the scope index's only looks the
+-- index up by the name the check found it under (both are folded while
+-- the one expression is planned, which fails if the check does).  See the
+-- top of this file for why it is IMMUTABLE.
 CREATE OR REPLACE FUNCTION idem__checked_relation(scope_index boolean)
 RETURNS regclass
 LANGUAGE plpgsql IMMUTABLE AS $$
