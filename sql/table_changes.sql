@@ -55,7 +55,12 @@ ROLLBACK;
 
 -- Row triggers fire for every write, AFTER triggers before the call returns;
 -- an UPDATE OF trigger fires only for the writes that change its column.
+-- (The functions write records as the table's owner, so the triggers run
+-- as that role: the logs are given to it.)
+SELECT pg_get_userbyid(relowner) AS records_owner
+  FROM pg_class WHERE oid = 'idem_records'::regclass \gset
 CREATE TABLE tc_log (n serial, op text, key text, state idem_state, status int);
+ALTER TABLE tc_log OWNER TO :"records_owner";
 CREATE FUNCTION tc_log_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO tc_log (op, key, state, status)
@@ -130,7 +135,13 @@ ALTER TABLE idem_records ALTER COLUMN id RESTART WITH 1000;
 SELECT outcome FROM idem_claim('tc.op', 'tc-id-1', '{}');
 ALTER SEQUENCE idem_records_id_seq RENAME TO tc_id_renamed;
 SELECT outcome FROM idem_claim('tc.op', 'tc-id-2', '{}');
+-- (the C edition's sequence is a member of its extension, released first)
+SELECT count(*) = 1 AS c_edition FROM pg_extension WHERE extname = 'idempotency' \gset
+\set ECHO none
+\if :c_edition
 ALTER EXTENSION idempotency DROP SEQUENCE tc_id_renamed;
+\endif
+\set ECHO all
 ALTER TABLE idem_records ALTER COLUMN id DROP IDENTITY;
 ALTER TABLE idem_records ALTER COLUMN id
   ADD GENERATED ALWAYS AS IDENTITY (START WITH 5000);
@@ -152,6 +163,7 @@ DELETE FROM idem_records WHERE key LIKE 'tc-id-%';
 -- Statement triggers fire once around each write, as around an INSERT or
 -- UPDATE of one row.
 CREATE TABLE tc_stmt_log (n serial, what text);
+ALTER TABLE tc_stmt_log OWNER TO :"records_owner";
 CREATE FUNCTION tc_log_stmt() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO tc_stmt_log (what) VALUES (TG_NAME || ' ' || TG_OP);
@@ -215,7 +227,17 @@ DELETE FROM idem_records WHERE operation = 'tc.op';
 CREATE DATABASE regress_idem_rename;
 \c regress_idem_rename
 CREATE SCHEMA idem;
+-- (the C edition as an extension, the SQL edition by its installer)
+SELECT count(*) = 1 AS c_edition FROM pg_available_extensions WHERE name = 'idempotency' \gset
+\set ECHO none
+\if :c_edition
 CREATE EXTENSION idempotency SCHEMA idem;
+\else
+\set schema idem
+\i idempotency_sql.sql
+\set ON_ERROR_STOP off
+\endif
+\set ECHO all
 -- A new key is written once there too (not in the table before its
 -- completion or the commit), also when the schema is not on the search path.
 BEGIN;
@@ -229,6 +251,16 @@ SELECT idem_fail(:'token', 503, retryable => true);
 SELECT outcome, attempt, token AS token FROM idem_claim('rn.op', 'rn-1', '{}') \gset
 SELECT idem_fail(:'token', 503, retryable => true);
 ALTER SCHEMA idem RENAME TO idem_renamed;
+-- (the SQL edition's functions name their schema: its installer, run
+-- again, names the new one)
+\set ECHO none
+\if :c_edition
+\else
+\set schema idem_renamed
+\i idempotency_sql.sql
+\set ON_ERROR_STOP off
+\endif
+\set ECHO all
 SET search_path = idem_renamed;
 SELECT outcome, attempt FROM idem_claim('rn.op', 'rn-1', '{}');
 BEGIN;
@@ -513,6 +545,32 @@ DROP EVENT TRIGGER tc_cleanup_on_rewrite;
 DROP FUNCTION tc_cleanup_on_rewrite();
 SELECT count(*) AS writes_answered FROM tc_rewrite_log;
 SELECT key, state FROM idem_records WHERE key = 'tc-rewrite-expired';
+
+-- So is a write from an expression of the archive's rewrite itself: a
+-- cleanup that archives, and a claim that reuses an expired record, which
+-- archives it first.  (The archive holds a row, so that the expression
+-- runs.)
+SET idempotency.cleanup_action = 'archive';
+SET idempotency.tombstone_ttl = 0;
+SELECT idem_cleanup() IS NOT NULL AS cleaned;
+SELECT count(*) AS archived FROM idem_records_archive WHERE key = 'tc-rewrite-expired';
+SELECT idem_complete((SELECT token FROM idem_claim('tc.op', k, '{}')), 200, '{}')
+  FROM unnest('{tc-rewrite-arch-1,tc-rewrite-arch-2}'::text[]) k;
+UPDATE idem_records SET completed_at = now() - interval '31 days',
+                        expires_at = now() - interval '30 days'
+ WHERE key IN ('tc-rewrite-arch-1', 'tc-rewrite-arch-2');
+\set VERBOSITY sqlstate
+ALTER TABLE idem_records_archive ALTER COLUMN attempt TYPE int
+  USING (attempt * tc_run_in_rewrite($q$SELECT idem_cleanup()$q$));
+ALTER TABLE idem_records_archive ALTER COLUMN attempt TYPE int
+  USING (attempt * tc_run_in_rewrite(
+    $q$SELECT idem_claim('tc.op', 'tc-rewrite-arch-2', '{"n": 2}', on_expired => 'proceed')$q$));
+\set VERBOSITY default
+RESET idempotency.tombstone_ttl;
+RESET idempotency.cleanup_action;
+SELECT key, state, attempt FROM idem_records WHERE key LIKE 'tc-rewrite-arch-%' ORDER BY key;
+SELECT count(*) AS archived FROM idem_records_archive WHERE key LIKE 'tc-rewrite-arch-%';
+DELETE FROM idem_records_archive WHERE key LIKE 'tc-rewrit%';
 
 DELETE FROM idem_records WHERE key LIKE 'tc-rewrit%';
 DROP FUNCTION tc_run_in_rewrite(text);

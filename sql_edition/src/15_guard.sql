@@ -28,8 +28,15 @@ DECLARE
     to_state idem_state;
     expired boolean;
     finished_from boolean;
+    archive regclass;
     detail text;
 BEGIN
+    -- no write while a statement copies the table to new storage, which
+    -- would lose it (16_table.sql)
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', TG_TABLE_SCHEMA, 'pg_temp_' || TG_RELID::text))
+       IS NOT NULL THEN
+        PERFORM idem__refuse_write_during_rewrite(TG_RELID);
+    END IF;
     -- the writes of the idem_* functions, in one test each: a new attempt 1
     -- processing (or an inbox record); a write of a processing attempt that
     -- keeps its attempt, fingerprint, scope, key, id and created_at
@@ -92,6 +99,13 @@ BEGIN
     to_state := NEW.state;
     expired := OLD.expires_at <= pg_catalog.clock_timestamp();
     finished_from := from_state IN ('succeeded', 'failed', 'retryable');
+    IF finished_from AND expired THEN
+        -- a reuse, which may copy the record to the archive first
+        archive := pg_catalog.to_regclass(pg_catalog.format('%I.idem_records_archive', TG_TABLE_SCHEMA));
+        IF archive IS NOT NULL THEN
+            PERFORM idem__refuse_write_during_rewrite(archive);
+        END IF;
+    END IF;
 
     -- an expired record reused by idem_inbox: done at once, attempt 1
     IF to_state = 'succeeded' AND finished_from AND expired AND NEW.attempt = 1

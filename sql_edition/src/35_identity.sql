@@ -32,6 +32,10 @@ CREATE OR REPLACE FUNCTION idem__acting_role(role regrole, via regprocedure)
 RETURNS regrole
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    -- (the table first, as in idem__plain_role: 16_table.sql)
+    IF NOT idem__table_checked() THEN
+        RETURN NULL;
+    END IF;
     IF role IS NULL THEN
         -- current_user named no role: a rename of the calling role committed
         -- between the lookup of its name and the lookup of that name (the C

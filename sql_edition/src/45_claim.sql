@@ -646,12 +646,14 @@ RETURN coalesce(NOT (key = '' OR pg_catalog.octet_length(key) > 255 OR key ~ '[^
 
 -- Whether the role a call passes is plainly the caller's: the session's
 -- own role, which may execute the public function the call came through.
--- When it is not, idem__acting_role decides.  Inlined, as above.
+-- When it is not, idem__acting_role decides.  Inlined, as above, with the
+-- check of the table (16_table.sql), which costs nothing once planned.
 CREATE OR REPLACE FUNCTION idem__plain_role(role regrole, via regprocedure)
 RETURNS boolean
 LANGUAGE sql STABLE
-RETURN coalesce(role OPERATOR(pg_catalog.=) pg_catalog.to_regrole(pg_catalog.quote_ident(session_user))
-                AND pg_catalog.has_function_privilege(role, via, 'EXECUTE'), false);
+RETURN idem__table_checked()
+       AND coalesce(role OPERATOR(pg_catalog.=) pg_catalog.to_regrole(pg_catalog.quote_ident(session_user))
+                    AND pg_catalog.has_function_privilege(role, via, 'EXECUTE'), false);
 
 -- A claim with every option at its default, the call every request of a
 -- client library makes: one statement reads the record; the answers that

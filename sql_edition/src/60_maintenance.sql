@@ -270,6 +270,13 @@ BEGIN
     IF pass = 'purge' AND tombstone_ttl = 0 THEN
         RETURN;                 -- no tombstones kept: cleanup deletes at grace
     END IF;
+    -- no write while a statement copies either table to new storage
+    -- (16_table.sql); the archive looked up in the schema of idem_records
+    -- alone, as idem__archive_present does
+    PERFORM idem__refuse_write_during_rewrite('idem_records'::regclass);
+    IF archive AND idem__archive_present() THEN
+        PERFORM idem__refuse_write_during_rewrite('idem_records_archive'::regclass);
+    END IF;
     IF archive AND NOT idem__archive_present() THEN
         RAISE EXCEPTION 'idempotency % cannot archive: relation "%.idem_records_archive" does not exist',
                         pass, (SELECT n.nspname FROM pg_class AS c
