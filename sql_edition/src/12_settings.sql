@@ -151,8 +151,13 @@ LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
             ELSE idem__setting_enum_parse(name, boot, allowed) END;
 
+-- The spellings PostgreSQL itself shows (on, off) and the usual others
+-- are read here; the parser, whose exception handler is a subtransaction,
+-- is called only for the rest.
 CREATE OR REPLACE FUNCTION idem__setting_boolean(name text, boot boolean)
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN NULLIF(pg_catalog.current_setting(name, true), '') IS NULL THEN boot
+            WHEN pg_catalog.lower(pg_catalog.current_setting(name, true)) IN ('on', 'true', 'yes', '1') THEN true
+            WHEN pg_catalog.lower(pg_catalog.current_setting(name, true)) IN ('off', 'false', 'no', '0') THEN false
             ELSE idem__setting_boolean_parse(name, boot) END;
