@@ -163,6 +163,15 @@ sqled_tests() {
         (only == "  " || index(only, " " $2 " ")) { print $2 }' "$SQLED_LIST"
 }
 
+# sqled_runs KIND: the tests of that kind that run against the edition
+# (run and edition), in order, limited by REGRESS (or ISOLATION) as above.
+sqled_runs() {
+    local only=
+    case $1 in regress) only=${REGRESS:-} ;; isolation) only=${ISOLATION:-} ;; esac
+    awk -v k="$1" -v only=" $only " '!/^#/ && $1 == k && ($3 == "run" || $3 == "edition") &&
+        (only == "  " || index(only, " " $2 " ")) { print $2 }' "$SQLED_LIST"
+}
+
 # sqled_check_list: every file of sql/ and specs/ is named once in
 # sql_edition/test/shared_tests, with a known status; the edition's own
 # files exist.  One test.
@@ -190,6 +199,10 @@ sqled_check_list() {
     for n in $(sqled_tests regress edition); do
         [ -f "$IDEM_ROOT/sql_edition/test/sql/$n.sql" ] && [ -f "$IDEM_ROOT/sql_edition/test/expected/$n.out" ] \
             || { echo "no sql_edition/test/sql/$n.sql or expected/$n.out"; ok=0; }
+    done
+    for n in $(sqled_tests isolation edition); do
+        [ -f "$IDEM_ROOT/sql_edition/test/specs/$n.spec" ] && [ -f "$IDEM_ROOT/sql_edition/test/expected/$n.out" ] \
+            || { echo "no sql_edition/test/specs/$n.spec or expected/$n.out"; ok=0; }
     done
     sqled_result "sql_edition/test/shared_tests names every file of sql/ and specs/ once" "$ok"
 }
@@ -259,8 +272,7 @@ SQLED_PGOPTIONS="-c idempotency.default_ttl=1d -c idempotency.default_lease=30s 
 # the copy, in the database contrib_regression as PGXS names it).
 sqled_regress() {
     local dir=$IDEM_TMP/sqled/regress out=$IDEM_TMP/sqled-regress.out tests status=0
-    tests=$(awk -v only=" ${REGRESS:-} " '!/^#/ && $1 == "regress" && ($3 == "run" || $3 == "edition") &&
-        (only == "  " || index(only, " " $2 " ")) { print $2 }' "$SQLED_LIST")
+    tests=$(sqled_runs regress)
     log "suite: sql_edition regress ($(echo $tests | wc -w) files)"
     sqled_inputdir "$dir" regress
     (cd "$dir" && as_postgres env PGOPTIONS="$SQLED_PGOPTIONS" \
@@ -278,7 +290,7 @@ sqled_regress() {
 # where the installer ran (in place of --load-extension).
 sqled_isolation() {
     local dir=$IDEM_TMP/sqled/isolation out=$IDEM_TMP/sqled-isolation.out tests status=0
-    tests=$(sqled_tests isolation run)
+    tests=$(sqled_runs isolation)
     log "suite: sql_edition isolation ($(echo $tests | wc -w) specs)"
     sqled_inputdir "$dir" isolation
     if ! sqled_install_db isolation_regression >"$out" 2>&1; then

@@ -5,6 +5,12 @@
 -- lock; every function of the extension sees the claim as before, and a
 -- savepoint rolled back takes back exactly what it covered.
 --
+-- The SQL edition writes the record at the claim, processing, and updates
+-- it at the completion, holding its key lock to the end of the
+-- transaction: its answers are the same, its writes and what the owner
+-- sees in the claiming transaction are not (docs/editions.md;
+-- sql_edition/test/expected/pending_claim.out).
+--
 -- (errors print without their CONTEXT lines, which differ between the
 -- C and SQL editions)
 \set SHOW_CONTEXT never
@@ -15,7 +21,8 @@ SET idempotency.default_lease = '1h';
 -- taken (pg_stat_xact_user_tables counts rows inserted and updated, also
 -- by subtransactions rolled back; counts of earlier transactions that were
 -- not reported yet are in it too, hence the difference), and the key locks
--- it holds.
+-- it holds (advisory locks: the C edition's with objsubid 478, the SQL
+-- edition's on a bigint, objsubid 1).
 CREATE FUNCTION pg_temp.counts(OUT ins bigint, OUT upd bigint) LANGUAGE sql AS $$
   SELECT coalesce(sum(n_tup_ins), 0)::bigint, coalesce(sum(n_tup_upd), 0)::bigint
     FROM pg_stat_xact_user_tables WHERE relname = 'idem_records'
@@ -25,7 +32,7 @@ RETURNS TABLE (inserted bigint, updated bigint, key_locks bigint)
 LANGUAGE sql AS $$
   SELECT c.ins - writes.ins, c.upd - writes.upd,
          (SELECT count(*) FROM pg_locks
-           WHERE locktype = 'advisory' AND objsubid = 478 AND pid = pg_backend_pid())
+           WHERE locktype = 'advisory' AND objsubid IN (1, 478) AND pid = pg_backend_pid())
     FROM pg_temp.counts() c
 $$;
 CREATE FUNCTION pg_temp.record(k text)
@@ -196,6 +203,52 @@ SELECT count(*) AS records FROM idem_records WHERE key = 'pc-14';
 -- Outside a transaction block a claim commits at once: written at once.
 SELECT outcome FROM idem_claim('pc.op', 'pc-15', '{"n": 15}');
 SELECT * FROM pg_temp.record('pc-15');
+
+-- The owner's INSERT or COPY of a row with the key of a pending claim
+-- does not meet the claim (in a savepoint rolled back here, and the claim
+-- completes; kept, it would fail the completion or the COMMIT with 23505);
+-- a DELETE or TRUNCATE of the table does not remove the claim.
+BEGIN;
+SELECT token FROM idem_claim('pc.op', 'pc-15i', '{"n": 15}') \gset
+SAVEPOINT s;
+INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state,
+                          attempt, on_lease_expiry, ttl, created_at, claimed_at,
+                          updated_at, expires_at, locked_until)
+VALUES ('', '', 'pc.op', 'pc-15i', decode(repeat('00', 32), 'hex'),
+        'processing', 1, 'unknown', '1 day', now(), now(), now(), now() + '1 day',
+        now() + '1 hour');
+ROLLBACK TO SAVEPOINT s;
+SELECT idem_complete(:'token', 201, '{"id": "15i"}');
+COMMIT;
+SELECT * FROM pg_temp.record('pc-15i');
+BEGIN;
+SELECT token FROM idem_claim('pc.op', 'pc-15c', '{"n": 15}') \gset
+SAVEPOINT s;
+COPY idem_records (tenant, caller, operation, key, fingerprint, state, attempt,
+                   on_lease_expiry, ttl, created_at, claimed_at, updated_at, completed_at,
+                   expires_at, response_status)
+FROM stdin;
+		pc.op	pc-15c	\\x0000000000000000000000000000000000000000000000000000000000000000	succeeded	1	unknown	1 day	2026-01-01 00:00:00+00	2026-01-01 00:00:00+00	2026-01-01 00:00:00+00	2026-01-01 00:00:00+00	2099-01-01 00:00:00+00	201
+\.
+ROLLBACK TO SAVEPOINT s;
+SELECT idem_complete(:'token', 201, '{"id": "15c"}');
+COMMIT;
+SELECT * FROM pg_temp.record('pc-15c');
+BEGIN;
+SELECT token FROM idem_claim('pc.op', 'pc-15d', '{"n": 15}') \gset
+DELETE FROM idem_records WHERE key = 'pc-15d';
+SELECT idem_complete(:'token', 201, '{"id": "15d"}');
+COMMIT;
+SELECT * FROM pg_temp.record('pc-15d');
+BEGIN;
+SELECT token FROM idem_claim('pc.op', 'pc-15t', '{"n": 15}') \gset
+SAVEPOINT s;
+TRUNCATE idem_records;
+SELECT outcome, attempt FROM idem_claim('pc.op', 'pc-15t', '{"n": 15}');
+ROLLBACK TO SAVEPOINT s;
+SELECT idem_complete(:'token', 201, '{"id": "15t"}');
+COMMIT;
+SELECT * FROM pg_temp.record('pc-15t');
 
 -- A table the owner changed (here a CHECK constraint): every claim writes
 -- its record at once, so the owner's constraint sees it at the claim.

@@ -2399,11 +2399,29 @@ $$;
 -- may take any advisory lock, and pg_locks shows them all: a lock held by a
 -- session that could not act as the claiming role is no claim of the key,
 -- and the insert goes ahead without it, bounded by `wait`.  The lock
--- goes with the transaction, or with the savepoint rolled back.  A
--- transaction therefore holds one lock-table entry per key it inserted
--- until it ends: a transaction may insert about max_locks_per_transaction
--- x (max_connections + max_prepared_transactions) new keys, where the C
--- edition has no such bound (docs/editions.md).  Two scopes whose hashes
+-- goes with the transaction, or with the savepoint rolled back.
+--
+-- One lock-table entry per new key until the transaction ends would bound
+-- the keys one transaction may claim (the table holds about
+-- max_locks_per_transaction x (max_connections + max_prepared_transactions)
+-- for every session).  So a transaction holds the key locks of its first
+-- 64 new keys only (counted in idempotency_sql.key_locks, a setting local
+-- to the transaction, undone with a savepoint as the locks are); for each
+-- later one it holds a shared lock on one of 128 buckets of the hashes
+-- instead (at most 128 more entries), checks that no transaction holds
+-- the key's own lock (a lock taken and given back at once), and inserts
+-- under lock_timeout.  A claim that holds a key's lock inserts under
+-- lock_timeout too when another transaction holds the key's bucket (a
+-- shared lock that an exclusive one taken and given back at once finds):
+-- that one may be inserting the key without its lock.  Either way, a
+-- claim that meets an uncommitted row of its key waits for it no longer
+-- than what is left of `wait` (1 ms when none is), and the other waits of
+-- that insert are bounded the same way, but the owner's DDL (the table's
+-- lock is taken first, without a bound): the table's file being extended,
+-- or an owner's trigger waiting for a lock, for longer than that answers
+-- in_progress.  Since the key's lock is taken before the bucket is looked
+-- at, and the bucket before the key's lock is checked, one of two claims
+-- of a key always sees the other (docs/editions.md).  Two scopes whose hashes
 -- collide (one chance in 2^64 per pair of concurrent claims) would answer
 -- in_progress to each other, never proceed twice.  The insert runs in a
 -- block whose handler keeps a constraint error's DETAIL (the row's values)
@@ -2526,7 +2544,8 @@ RETURN EXISTS (
 -- when another transaction is inserting the key and has not ended by the
 -- deadline; a NULL outcome when a record of the key was committed since
 -- the caller's read (read it again).  The other transaction is found by
--- the key's advisory lock, waited for no longer than the deadline; the
+-- the key's advisory lock, or, where a bucket says it may be there, by the
+-- insert, under lock_timeout: waited for no longer than the deadline; the
 -- block's exception handler keeps a constraint error's DETAIL (the row's
 -- values, the token's secret among them) from the client.
 CREATE OR REPLACE FUNCTION idem__insert_new(p_role regrole, p_operation text, p_key text,
@@ -2541,6 +2560,8 @@ DECLARE
     saved_timeout text := pg_catalog.current_setting('lock_timeout');
     key_lock bigint;
     unlocked boolean := false;
+    key_locks integer;
+    timed boolean := false;
     new_id bigint;
     same_row boolean;
     dummy text;
@@ -2558,7 +2579,17 @@ BEGIN
         secret := pg_catalog.uuid_send(pg_catalog.gen_random_uuid());
     END IF;
     key_lock := idem__key_lock_id(p_role, p_tenant, p_caller, p_operation, p_key);
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(key_lock) THEN
+    -- (a placeholder anyone may set: what is not a count counts as none)
+    key_locks := coalesce(pg_catalog.substring(pg_catalog.current_setting('idempotency_sql.key_locks', true),
+                                               '^[0-9]{1,9}$'), '0')::integer;
+    IF key_locks >= 64
+       AND pg_catalog.pg_try_advisory_xact_lock_shared(7212, (key_lock & 127)::integer)
+       AND pg_catalog.pg_try_advisory_lock(key_lock) AND pg_catalog.pg_advisory_unlock(key_lock) THEN
+        -- past 64 key locks: the bucket, held to the end, makes every other
+        -- claim of its keys insert under lock_timeout; this one does too,
+        -- since another transaction past 64 may be inserting the key
+        timed := true;
+    ELSIF NOT pg_catalog.pg_try_advisory_xact_lock(key_lock) THEN
         -- another transaction is inserting the key and has not ended
         -- (waited for under REPEATABLE READ too: if it commits, the insert
         -- raises 40001 as the C edition does; if it rolls back, the key is
@@ -2588,8 +2619,20 @@ BEGIN
         -- it ended: its record, if it committed one, makes the insert do
         -- nothing, and the caller reads it
     END IF;
+    IF NOT (timed OR unlocked) THEN
+        -- the key lock, held until the transaction ends, is counted; a
+        -- transaction holding the key's bucket may be inserting the key
+        -- without its key lock: then wait for it no longer than wait
+        timed := pg_catalog.set_config('idempotency_sql.key_locks', (key_locks + 1)::text, true) IS NULL
+                 OR NOT (pg_catalog.pg_try_advisory_lock(7212, (key_lock & 127)::integer)
+                         AND pg_catalog.pg_advisory_unlock(7212, (key_lock & 127)::integer));
+    END IF;
     BEGIN
-        IF unlocked THEN
+        IF unlocked OR timed THEN
+            IF timed THEN
+                -- (the owner's DDL waited for without a bound, as by any insert)
+                LOCK TABLE idem_records IN ROW EXCLUSIVE MODE;
+            END IF;
             dummy := pg_catalog.set_config('lock_timeout',
                          GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
                          true);
