@@ -2554,7 +2554,8 @@ RETURN EXISTS (
 -- deadline; a NULL outcome when a record of the key was committed since
 -- the caller's read (read it again).  The other transaction is found by
 -- the key's advisory lock, or, where a bucket says it may be there, by the
--- insert, under lock_timeout: waited for no longer than the deadline; the
+-- insert, under lock_timeout: waited for no longer than the deadline (nor
+-- than lock_timeout's greatest value, 2147483647 ms, for a longer wait); the
 -- block's exception handler keeps a constraint error's DETAIL (the row's
 -- values, the token's secret among them) from the client.
 CREATE OR REPLACE FUNCTION idem__insert_new(p_role regrole, p_operation text, p_key text,
@@ -2613,7 +2614,7 @@ BEGIN
         ELSE
             BEGIN
                 dummy := pg_catalog.set_config('lock_timeout',
-                             GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
+                             LEAST(GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000)), 2147483647)::text || 'ms',
                              true);
                 PERFORM pg_catalog.pg_advisory_xact_lock(key_lock);
                 dummy := pg_catalog.set_config('lock_timeout', saved_timeout, true);
@@ -2643,7 +2644,7 @@ BEGIN
                 LOCK TABLE idem_records IN ROW EXCLUSIVE MODE;
             END IF;
             dummy := pg_catalog.set_config('lock_timeout',
-                         GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000))::text || 'ms',
+                         LEAST(GREATEST(1, pg_catalog.ceil(extract(epoch FROM p_deadline - pg_catalog.clock_timestamp()) * 1000)), 2147483647)::text || 'ms',
                          true);
         END IF;
         INSERT INTO idem_records AS t
@@ -2953,7 +2954,7 @@ BEGIN
         -- without, answer in_progress if it is still at it, else read again.
         now_ts := pg_catalog.clock_timestamp();
         saved_timeout := pg_catalog.current_setting('lock_timeout');
-        timeout_ms := pg_catalog.ceil(extract(epoch FROM deadline - now_ts) * 1000);
+        timeout_ms := LEAST(pg_catalog.ceil(extract(epoch FROM deadline - now_ts) * 1000), 2147483647);
         BEGIN
             IF timeout_ms > 0 THEN
                 PERFORM pg_catalog.set_config('lock_timeout', timeout_ms::text || 'ms', true);

@@ -191,4 +191,58 @@ echo "$out" | grep -qx 'taken 0' && echo "$out" | grep -qx 'copied 0' \
 [ "$(as_super -At -c "SELECT state FROM idempotency.idem_records WHERE key = 'archive-gone'")" = succeeded ] \
     || fail "a refused reuse changed the record"
 
-echo "hostile: direct calls of private functions, another role's advisory locks, settings beyond a number and a renamed archive checked"
+# 5. A wait longer than lock_timeout can hold (2147483647 ms, about 24.8
+# days; a wait of up to 365,250 days is accepted) waits for the lock it
+# meets rather than failing on lock_timeout's range (22023): for a claim
+# of the key in progress, for a transaction past 64 new keys holding the
+# key's bucket, and for a record's row held by another transaction.
+claim_after() {     # claim_after SESSION SQL: runs SQL while SESSION holds its locks, ends SESSION, prints the answer
+    out_file=$(mktemp)
+    as_app -c "$2" >"$out_file" 2>&1 &
+    claim_pid=$!
+    sleep 1
+    end_session "$1"
+    wait $claim_pid || true
+    cat "$out_file"
+    rm -f "$out_file"
+}
+$psql -X -q -d $db -U idem_sqled_h_app -v ON_ERROR_STOP=1 \
+      -c "SET application_name = 'idem_h_long_key'" \
+      -c "BEGIN" -c "SELECT idem_claim('pay', 'order-3', '{}')" \
+      -c "SELECT pg_sleep(120)" >/dev/null 2>&1 &
+wait_for_lock idem_h_long_key
+out=$(claim_after idem_h_long_key "SELECT outcome FROM idem_claim('pay', 'order-3', '{}', wait => '30 days')")
+[ "$out" = proceed ] || fail "a claim waiting 30 days for a claim of its key: $out"
+
+same=$(as_super -At -c "SELECT 'b' || i FROM generate_series(1, 5000) AS i
+                         WHERE idempotency.idem__key_lock_id('idem_sqled_h_app'::regrole, '', '', 'bucket', 'b' || i) & 127
+                             = idempotency.idem__key_lock_id('idem_sqled_h_app'::regrole, '', '', 'bucket', 'fresh-1') & 127
+                         LIMIT 1")
+$psql -X -q -d $db -U idem_sqled_h_app -v ON_ERROR_STOP=1 \
+      -c "SET application_name = 'idem_h_long_bucket'" \
+      -c "BEGIN" \
+      -c "SELECT count(*) FROM idem_claim_many('bucket', ARRAY(SELECT 'f' || i FROM generate_series(1, 64) AS i))" \
+      -c "SELECT idem_claim('bucket', '$same')" \
+      -c "SELECT pg_sleep(120)" >/dev/null 2>&1 &
+i=0
+until [ "$(as_super -At -c "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                             WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+                               AND a.application_name = 'idem_h_long_bucket'")" -gt 0 ]; do
+    i=$((i + 1))
+    [ $i -le 200 ] || fail "the session idem_h_long_bucket took no bucket"
+    sleep 0.1
+done
+out=$(claim_after idem_h_long_bucket "SELECT outcome FROM idem_claim('bucket', 'fresh-1', '{}', wait => '30 days')")
+[ "$out" = proceed ] || fail "a claim waiting 30 days in a bucket held by another transaction: $out"
+
+as_app -c "SELECT outcome FROM idem_claim('pay', 'order-4', '{}', lease => '1 ms', on_lease_expiry => 'retry')" >/dev/null
+$psql -X -q -d $db -v ON_ERROR_STOP=1 \
+      -c "SET application_name = 'idem_h_long_row'" \
+      -c "BEGIN" -c "SELECT FROM idempotency.idem_records WHERE key = 'order-4' FOR UPDATE" \
+      -c "SELECT pg_advisory_xact_lock(7212)" \
+      -c "SELECT pg_sleep(120)" >/dev/null 2>&1 &
+wait_for_lock idem_h_long_row
+out=$(claim_after idem_h_long_row "SELECT outcome FROM idem_claim('pay', 'order-4', '{}', wait => '30 days', on_lease_expiry => 'retry')")
+[ "$out" = proceed ] || fail "a claim waiting 30 days for a record's row: $out"
+
+echo "hostile: direct calls of private functions, another role's advisory locks, settings beyond a number, a renamed archive and waits beyond lock_timeout checked"
