@@ -294,7 +294,11 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     tbl constant regclass := pg_catalog.to_regclass('idem_records');
 BEGIN
+    -- (a table of the session's in pg_temp, which the pinned search_path
+    -- lists last, found when the edition's is renamed or dropped, is none)
     IF tbl IS NULL OR pg_catalog.to_regclass('idem_records_scope_key') IS NULL
+       OR (SELECT r.relnamespace FROM pg_catalog.pg_class AS r WHERE r.oid OPERATOR(pg_catalog.=) tbl)
+          OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()
        OR pg_catalog.to_regtype('idem_state') IS NULL
        OR pg_catalog.to_regtype('idem_lease_policy') IS NULL
        OR NOT pg_catalog.has_table_privilege(tbl, 'SELECT, INSERT, UPDATE, DELETE')

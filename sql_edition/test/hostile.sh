@@ -245,4 +245,43 @@ wait_for_lock idem_h_long_row
 out=$(claim_after idem_h_long_row "SELECT outcome FROM idem_claim('pay', 'order-4', '{}', wait => '30 days', on_lease_expiry => 'retry')")
 [ "$out" = proceed ] || fail "a claim waiting 30 days for a record's row: $out"
 
-echo "hostile: direct calls of private functions, another role's advisory locks, settings beyond a number, a renamed archive and waits beyond lock_timeout checked"
+# 6. With idem_records and its scope index renamed (or dropped) by their
+# owner, a table of the role's own named idem_records in pg_temp, with an
+# index named idem_records_scope_key, is not taken for them by the check
+# of the table, which the functions' search_path lists last: a claim is
+# refused (42P01), and the table's trigger, which would run as the owner
+# of idem_records and read every role's records, never runs.
+as_super -c "ALTER TABLE idempotency.idem_records RENAME TO idem_records_moved" \
+         -c "ALTER INDEX idempotency.idem_records_scope_key RENAME TO idem_records_scope_key_moved"
+out=$(as_app -v VERBOSITY=verbose <<'SQL' 2>&1
+CREATE TEMP TABLE seen (who name, records bigint);
+SELECT format('CREATE TEMP TABLE idem_records (%s)',
+              string_agg(format('%I %s%s%s', attname, format_type(atttypid, atttypmod),
+                                CASE attcollation WHEN 950 THEN ' COLLATE "C"' ELSE '' END,
+                                CASE attname WHEN 'id' THEN ' GENERATED ALWAYS AS IDENTITY PRIMARY KEY' ELSE '' END),
+                         ', ' ORDER BY attnum))
+  FROM pg_attribute
+ WHERE attrelid = 'idempotency.idem_records_moved'::regclass AND attnum > 0 AND NOT attisdropped \gexec
+CREATE UNIQUE INDEX idem_records_scope_key ON pg_temp.idem_records (key, operation, caller, tenant, role);
+CREATE FUNCTION pg_temp.look() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pg_temp.seen VALUES (current_user, (SELECT count(*) FROM idempotency.idem_records_moved));
+    RETURN NULL;
+END $$;
+CREATE TRIGGER look AFTER INSERT ON pg_temp.idem_records FOR EACH ROW EXECUTE FUNCTION pg_temp.look();
+GRANT ALL ON pg_temp.idem_records, pg_temp.seen TO idem_sqled_h_owner;
+\set ON_ERROR_STOP off
+SELECT outcome FROM idem_claim('op', 'temp-table', '{}');
+\set ON_ERROR_STOP on
+SELECT 'looked ' || count(*) FROM pg_temp.seen;
+SELECT 'written ' || count(*) FROM pg_temp.idem_records;
+SQL
+)
+as_super -c "ALTER TABLE idempotency.idem_records_moved RENAME TO idem_records" \
+         -c "ALTER INDEX idempotency.idem_records_scope_key_moved RENAME TO idem_records_scope_key"
+echo "$out" | grep -q '^ERROR:  42P01: table "idem_records" of extension "idempotency" does not exist' \
+    || fail "a claim with idem_records renamed: $out"
+echo "$out" | grep -qx 'looked 0' && echo "$out" | grep -qx 'written 0' \
+    || fail "a claim with idem_records renamed used the role's own table in pg_temp: $out"
+
+echo "hostile: direct calls of private functions, another role's advisory locks, settings beyond a number, a renamed archive, waits beyond lock_timeout and a renamed table checked"
