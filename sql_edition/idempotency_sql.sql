@@ -971,17 +971,29 @@ BEGIN
     -- The SQL edition's functions act as their owner (this function runs
     -- inside them): the table is theirs to read and write, and no row
     -- level security hides or refuses a row from them.
-    IF NOT pg_catalog.has_table_privilege(tbl, 'SELECT, INSERT, UPDATE, DELETE')
+    -- (each privilege on its own: has_table_privilege with a list is true
+    -- when any one of them is held)
+    IF NOT (pg_catalog.has_table_privilege(tbl, 'SELECT') AND pg_catalog.has_table_privilege(tbl, 'INSERT')
+            AND pg_catalog.has_table_privilege(tbl, 'UPDATE') AND pg_catalog.has_table_privilege(tbl, 'DELETE'))
        OR NOT pg_catalog.has_sequence_privilege(
                   pg_catalog.pg_get_serial_sequence(pg_catalog.format('%I.idem_records', nspname), 'id'),
                   'USAGE') THEN
         SELECT pg_catalog.pg_get_userbyid(r.relowner) INTO owner_name
           FROM pg_catalog.pg_class AS r WHERE r.oid OPERATOR(pg_catalog.=) tbl;
+        IF owner_name OPERATOR(pg_catalog.<>) current_user THEN
+            RAISE EXCEPTION 'the idempotency functions'' owner "%" may not read and write table "idem_records"', current_user
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = pg_catalog.format('The table is owned by "%s". The functions of the SQL edition run as their own owner, not as the table''s.', owner_name),
+                      HINT = pg_catalog.format('Give the table back: ALTER TABLE %I.idem_records OWNER TO %I.',
+                                               nspname, current_user);
+        END IF;
         RAISE EXCEPTION 'the idempotency functions'' owner "%" may not read and write table "idem_records"', current_user
             USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = pg_catalog.format('The table is owned by "%s". The functions of the SQL edition run as their own owner, not as the table''s.', owner_name),
-                  HINT = pg_catalog.format('Give the table back: ALTER TABLE %I.idem_records OWNER TO %I.',
-                                           nspname, current_user);
+                  DETAIL = 'The functions of the SQL edition read, insert, update and delete its rows and take ids from its sequence as their owner, who owns the table but lacks a privilege on it.',
+                  HINT = pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I.idem_records TO %I; GRANT USAGE ON SEQUENCE %s TO %I.',
+                                           nspname, current_user,
+                                           pg_catalog.pg_get_serial_sequence(pg_catalog.format('%I.idem_records', nspname), 'id'),
+                                           current_user);
     END IF;
     IF pg_catalog.row_security_active(tbl) THEN
         RAISE EXCEPTION 'row level security applies to table "idem_records" for the idempotency functions'' owner "%"', current_user
@@ -1013,7 +1025,8 @@ BEGIN
           OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()
        OR pg_catalog.to_regtype('idem_state') IS NULL
        OR pg_catalog.to_regtype('idem_lease_policy') IS NULL
-       OR NOT pg_catalog.has_table_privilege(tbl, 'SELECT, INSERT, UPDATE, DELETE')
+       OR NOT (pg_catalog.has_table_privilege(tbl, 'SELECT') AND pg_catalog.has_table_privilege(tbl, 'INSERT')
+               AND pg_catalog.has_table_privilege(tbl, 'UPDATE') AND pg_catalog.has_table_privilege(tbl, 'DELETE'))
        OR pg_catalog.row_security_active(tbl) THEN
         RETURN false;
     END IF;

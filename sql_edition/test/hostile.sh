@@ -284,4 +284,21 @@ echo "$out" | grep -q '^ERROR:  42P01: table "idem_records" of extension "idempo
 echo "$out" | grep -qx 'looked 0' && echo "$out" | grep -qx 'written 0' \
     || fail "a claim with idem_records renamed used the role's own table in pg_temp: $out"
 
-echo "hostile: direct calls of private functions, another role's advisory locks, settings beyond a number, a renamed archive, waits beyond lock_timeout and a renamed table checked"
+# 7. The functions' owner must hold every privilege the functions use on
+# idem_records, not one of them: with UPDATE revoked from it (it still
+# owns the table), a claim is refused before it writes (42501, the check's
+# own message and a hint naming the missing privilege), not answered
+# proceed with a record that no completion could then finish.
+as_super -c "REVOKE UPDATE ON idempotency.idem_records FROM idem_sqled_h_owner"
+out=$(as_app -v VERBOSITY=verbose -c "SELECT outcome FROM idem_claim('op', 'no-update', '{}')" 2>&1 || true)
+as_super -c "GRANT UPDATE ON idempotency.idem_records TO idem_sqled_h_owner"
+echo "$out" | grep -q "^ERROR:  42501: the idempotency functions' owner \"idem_sqled_h_owner\" may not read and write table \"idem_records\"" \
+    || fail "a claim with UPDATE revoked from the functions' owner: $out"
+echo "$out" | grep -q '^HINT:  GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.idem_records TO idem_sqled_h_owner' \
+    || fail "no hint naming the grant: $out"
+[ "$(as_super -At -c "SELECT count(*) FROM idempotency.idem_records WHERE key = 'no-update'")" = 0 ] \
+    || fail "a claim with UPDATE revoked wrote a record"
+[ "$(as_app -c "SELECT outcome FROM idem_claim('op', 'no-update', '{}')")" = proceed ] \
+    || fail "a claim once UPDATE is granted back"
+
+echo "hostile: direct calls of private functions, another role's advisory locks, settings beyond a number, a renamed archive, waits beyond lock_timeout, a renamed table and an owner without every privilege checked"
