@@ -71,7 +71,8 @@
 #   MEM_SECONDS 300 / 30, MEM_INTERVAL 30 / 5
 #   COUNTER_ROUNDS 7 / 2 (RUN_SECONDS each)
 #   INSTR_TX 1000 (instructions; KEYS defaults to 5000 there), INSTR_VARIANTS (the
-#   workloads/ scripts counted; default all ten of the tps part)
+#   workloads/ scripts counted; default all ten of the tps part), INSTR_EDITIONS=1
+#   (also the SQL edition beside the C extension and the peer, prepared)
 #   PROFILE_VARIANTS "new_floor_hot new_ext" (profile; any of the workloads/ scripts)
 #   TPS_VARIANTS (tps: only these variants, e.g. "new_floor_hot new_ext
 #   replay_floor_hash replay_ext"; unset: all), BENCH_SQL (statements run in
@@ -444,15 +445,32 @@ rr() { if has_variant "$1" && has_variant "$2"; then round_ratio "$1" "$2"; else
 
 # --- instructions: the tps part's variants, counted in instructions ----------
 # The instructions the backend of one pgbench client executes for n
-# transactions of a workload (the largest count among the processes that
-# ended meanwhile: the client's backend).
+# transactions of a workload in database db (bench, or bench_sql of the
+# second cluster): the largest count among the cluster's processes that
+# ended meanwhile, the client's backend.
 instructions_of() {
-    local p=$1 file=$2 n=$3 before f best=0 v
+    local p=$1 file=$2 n=$3 db=${4:-bench} before f best=0 v i data=$IDEM_TMP/data
+    [ "$db" = bench ] || data=$IDEM_TMP/data-sql
     before=$(ls "$IDEM_TMP/cg")
-    as_postgres "$bindir/pgbench" -n -M "$p" -c 1 -t "$n" -D keys="$KEYS" -f "$file" bench >/dev/null 2>&1 \
+    as_postgres "$bindir/pgbench" -n -M "$p" -c 1 -t "$n" -D keys="$KEYS" -f "$file" "$db" >/dev/null 2>&1 \
         || { log "pgbench failed for $file ($p)"; return 1; }
-    sleep 2     # callgrind writes its file as the backend exits
-    for f in $(comm -13 <(echo "$before") <(ls "$IDEM_TMP/cg")); do
+    # callgrind writes its file as the backend exits, its totals last: wait
+    # (at most a minute, on a busy machine) until the new files all have
+    # them and no other has come for a second
+    local files= last=
+    for i in $(seq 1 60); do
+        files=$(comm -13 <(echo "$before") <(ls "$IDEM_TMP/cg"))
+        if [ -n "$files" ] && [ "$files" = "$last" ] \
+            && [ -z "$(cd "$IDEM_TMP/cg" && grep -LE '^(summary|totals):' $files)" ]; then
+            break
+        fi
+        last=$files
+        sleep 1
+    done
+    # (only the processes of the cluster measured: the other's may end
+    # meanwhile)
+    for f in $files; do
+        grep -qx "cmd:  .* -D $data" "$IDEM_TMP/cg/$f" || continue
         v=$(awk '/^(summary|totals):/ { print $2; exit }' "$IDEM_TMP/cg/$f")
         [ "${v:-0}" -le "$best" ] || best=$v
     done
@@ -501,6 +519,49 @@ part_instructions() {
                       c("replay_floor_hash"), r("replay_ext_300", "replay_floor_hash_300"),
                       r("replay_ext_text_300", "replay_floor_hash_300"), c("replay_floor_hash_300"),
                       c("new_ext"), c("new_ext_text") }' "$results"
+        done
+        echo
+    } | out
+}
+
+# INSTR_EDITIONS=1: the editions side by side in instructions, prepared
+# protocol: the C extension and the PL/pgSQL peer in bench, the SQL edition
+# in bench_sql of a second cluster without our library (start_sql_cluster),
+# its server under callgrind too.
+part_editions_instructions() {
+    local results=$IDEM_TMP/editions_instructions.tsv v ed w db a b
+    : >"$results"
+    start_sql_cluster
+    PGPORT=$SQL_PORT as_postgres "$bindir/createdb" bench_sql
+    psql_sql -f "$IDEM_TMP/src/sql_edition/idempotency_sql.sql" >/dev/null
+    psql_sql -f "$IDEM_TMP/src/bench/baselines.sql"
+    psql_sql -v keys="$KEYS" -f "$IDEM_TMP/src/bench/load.sql"
+    psql_sql -c "VACUUM ANALYZE" >/dev/null
+    for v in c:new_ext_300 sql:new_ext_300 peer:new_peer_300 \
+             c:replay_ext_300 sql:replay_ext_300 peer:replay_peer_300; do
+        ed=${v%%:*} w=${v#*:}
+        if [ "$ed" = sql ]; then
+            a=$(PGPORT=$SQL_PORT instructions_of prepared "$W/$w.sql" 100 bench_sql)
+            b=$(PGPORT=$SQL_PORT instructions_of prepared "$W/$w.sql" $((INSTR_TX + 100)) bench_sql)
+        else
+            a=$(instructions_of prepared "$W/$w.sql" 100)
+            b=$(instructions_of prepared "$W/$w.sql" $((INSTR_TX + 100)))
+        fi
+        printf '%s\t%s\n' "$v" $(( (b - a) / INSTR_TX )) >>"$results"
+        printf '  %-22s %10d instructions per transaction\n' "$v" $(( (b - a) / INSTR_TX )) >&2
+    done
+    {
+        echo "### The editions in instructions (callgrind, one client, prepared)"
+        echo
+        echo "The server's backend, $INSTR_TX transactions of a request of about 300 bytes that differs per call; the SQL edition in a"
+        echo "cluster that loads no library of ours. Fewer is better."
+        echo
+        echo "| workload | C extension | SQL edition | PL/pgSQL peer |"
+        echo "| --- | ---: | ---: | ---: |"
+        for w in new replay; do
+            awk -F'\t' -v w="$w" '{ n[$1] = $2 }
+                END { printf "| %s | %s | %s | %s |\n", (w == "new" ? "new key" : "replay"),
+                      n["c:" w "_ext_300"], n["sql:" w "_ext_300"], n["peer:" w "_peer_300"] }' "$results"
         done
         echo
     } | out
@@ -988,7 +1049,8 @@ start_sql_cluster() {
         echo "idempotency.synchronous_outcomes = off"
     } | as_postgres tee -a "$conf" >/dev/null
     IDEM_STOP_CLUSTERS+=("$bindir/pg_ctl|$IDEM_TMP/data-sql")
-    as_postgres "$bindir/pg_ctl" -D "$IDEM_TMP/data-sql" -l "$IDEM_TMP/server-sql.log" -w start >/dev/null \
+    as_postgres env PGCTLTIMEOUT=600 "$bindir/pg_ctl" ${IDEM_POSTGRES:+-p "$IDEM_POSTGRES"} \
+        -D "$IDEM_TMP/data-sql" -l "$IDEM_TMP/server-sql.log" -w start >/dev/null \
         || { cat "$IDEM_TMP/server-sql.log"; return 1; }
 }
 psql_sql() { PGPORT=$SQL_PORT psql_db bench_sql "$@"; }
@@ -1101,6 +1163,7 @@ if has_part tps || has_part cleanup || has_part memory || has_part counters || h
 # once off: docs/performance.md)
 if [ -n "${BENCH_SQL:-}" ]; then psql_bench -c "$BENCH_SQL"; fi
 if has_part instructions; then part_instructions; fi
+if has_part instructions && [ -n "${INSTR_EDITIONS:-}" ]; then part_editions_instructions; fi
 if has_part tps; then part_tps; fi
 if has_part profile; then part_profile; fi
 if has_part cleanup; then part_cleanup; fi
