@@ -15,6 +15,18 @@ import { createHash } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
 import canonicalize from 'canonicalize';
 
+// canonicalize calls String.prototype.isWellFormed (Node.js 20), which
+// Debian 12's Node.js 18 lacks: a string is well formed when it holds no
+// lone surrogate, which a regular expression with the u flag matches as a
+// code point of its own.
+if (typeof String.prototype.isWellFormed !== 'function') {
+  Object.defineProperty(String.prototype, 'isWellFormed', {
+    value: function isWellFormed() { return !/\p{Cs}/u.test(String(this)); },
+    configurable: true,
+    writable: true,
+  });
+}
+
 // mulberry32: a small seeded generator, so that a failure can be replayed.
 function makeRandom(seed) {
   let a = seed >>> 0;

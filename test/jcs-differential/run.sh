@@ -10,7 +10,7 @@
 # each edition's idem_canonical and idem_fingerprint on a throwaway cluster
 # (test/editions/canonical_schemas.sh: the C extension in schema c, the SQL
 # edition's canonical functions in schema sqled), and compares byte for
-# byte.  Needs node (20 or later) and npm; installs canonicalize
+# byte.  Needs node (18 or later) and npm; installs canonicalize
 # from package-lock.json.
 #
 # Usage: test/jcs-differential/run.sh [COUNT [SEED]]   (default 20000 1)
