@@ -738,6 +738,15 @@ CREATE OR REPLACE TRIGGER idem_records_guard
 -- value, as the C edition keeps it.
 --
 
+-- Whether the current role (the functions' owner, inside them) holds every
+-- privilege the functions use on the table: each asked on its own, since
+-- has_table_privilege with a list is true when any one of them is held.
+CREATE OR REPLACE FUNCTION idem__may_write_records(tbl regclass)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN pg_catalog.has_table_privilege(tbl, 'SELECT') AND pg_catalog.has_table_privilege(tbl, 'INSERT')
+       AND pg_catalog.has_table_privilege(tbl, 'UPDATE') AND pg_catalog.has_table_privilege(tbl, 'DELETE');
+
 -- The error that says what is wrong with the table, if anything: the
 -- C edition's checks in its order, then the SQL edition's own.
 CREATE OR REPLACE FUNCTION idem__check_table()
@@ -962,10 +971,7 @@ BEGIN
     -- The SQL edition's functions act as their owner (this function runs
     -- inside them): the table is theirs to read and write, and no row
     -- level security hides or refuses a row from them.
-    -- (each privilege on its own: has_table_privilege with a list is true
-    -- when any one of them is held)
-    IF NOT (pg_catalog.has_table_privilege(tbl, 'SELECT') AND pg_catalog.has_table_privilege(tbl, 'INSERT')
-            AND pg_catalog.has_table_privilege(tbl, 'UPDATE') AND pg_catalog.has_table_privilege(tbl, 'DELETE'))
+    IF NOT idem__may_write_records(tbl)
        OR NOT pg_catalog.has_sequence_privilege(
                   pg_catalog.pg_get_serial_sequence(pg_catalog.format('%I.idem_records', nspname), 'id'),
                   'USAGE') THEN
@@ -1016,8 +1022,7 @@ BEGIN
           OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()
        OR pg_catalog.to_regtype('idem_state') IS NULL
        OR pg_catalog.to_regtype('idem_lease_policy') IS NULL
-       OR NOT (pg_catalog.has_table_privilege(tbl, 'SELECT') AND pg_catalog.has_table_privilege(tbl, 'INSERT')
-               AND pg_catalog.has_table_privilege(tbl, 'UPDATE') AND pg_catalog.has_table_privilege(tbl, 'DELETE'))
+       OR NOT idem__may_write_records(tbl)
        OR pg_catalog.row_security_active(tbl) THEN
         RETURN false;
     END IF;
