@@ -69,6 +69,9 @@ REGRESS += upgrade exact_replay
 
 # idem_claim_text: the claim with the request as JSON text (version 1.2)
 REGRESS += claim_text
+
+# A retry's request and request_text_hash (version 1.3)
+REGRESS += request_text
 ISOLATION += claim_text_concurrent
 
 # Batches and consumers: idem_inbox, idem_claim_many, no lock per key

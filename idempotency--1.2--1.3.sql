@@ -71,6 +71,19 @@ COMMENT ON COLUMN idem_records.former_role IS
     'The name the role column held before 1.3, for a record whose name matched no role then; NULL otherwise.';
 
 --
+-- A column the extension does not use: the SQL edition (sql_edition/), a
+-- build of the same functions for servers that load no library, keeps in
+-- it what lets a retry skip computing its request's fingerprint.  It is
+-- here so that both editions have the same table and records move between
+-- them as data (docs/editions.md); the archive's copy of a record has it
+-- too.  Added without a default: no rewrite.
+--
+ALTER TABLE idem_records ADD COLUMN request_text_hash bytea;
+ALTER TABLE idem_records_archive ADD COLUMN request_text_hash bytea;
+COMMENT ON COLUMN idem_records.request_text_hash IS
+    'SQL edition: SHA-256 of fingerprint and of the text of the request it was computed from; NULL when not known. The C extension does not use it.';
+
+--
 -- caller DEFAULT NULL: the role itself.  CREATE OR REPLACE keeps each
 -- function's privileges and pg_init_privs.
 --

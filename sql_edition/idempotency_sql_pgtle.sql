@@ -208,6 +208,7 @@ CREATE TABLE IF NOT EXISTS idem_records (
     response_raw_body  bytea,
     response_sealed    bytea,
     former_role        text COLLATE "C",
+    request_text_hash  bytea,
     CONSTRAINT idem_records_fingerprint_length CHECK (octet_length(fingerprint) = 32),
     CONSTRAINT idem_records_attempt_positive CHECK (attempt >= 1),
     CONSTRAINT idem_records_status_range CHECK (response_status BETWEEN 100 AND 599)
@@ -237,6 +238,11 @@ BEGIN
 END
 $constraints$;
 
+-- A table an earlier install of this version made has no
+-- request_text_hash: added last, as the C extension's 1.3 adds it.  What
+-- it holds: idem__request_text_hash (45_claim.sql).
+ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS request_text_hash bytea;
+
 -- Key first: role, tenant, caller and operation are the same for most
 -- records, the key decides at once.
 CREATE UNIQUE INDEX IF NOT EXISTS idem_records_scope_key
@@ -264,6 +270,8 @@ COMMENT ON COLUMN idem_records.caller IS
     'Who called within the role: empty when the role called for itself.';
 COMMENT ON COLUMN idem_records.former_role IS
     'The name the role column held before 1.3, for a record whose name matched no role then; NULL otherwise.';
+COMMENT ON COLUMN idem_records.request_text_hash IS
+    'SQL edition: SHA-256 of fingerprint and of the text of the request it was computed from; NULL when not known. The C extension does not use it.';
 
 --
 -- Full copies made by cleanup with idempotency.cleanup_action = archive:
@@ -298,10 +306,15 @@ CREATE TABLE IF NOT EXISTS idem_records_archive (
     response_raw_body  bytea,
     response_sealed    bytea,
     archived_at        timestamptz NOT NULL,
-    former_role        text COLLATE "C"
+    former_role        text COLLATE "C",
+    request_text_hash  bytea
 );
 
 -- The copy looks up (id, claimed_at); pruning goes by archived_at.
+-- (request_text_hash added, as to idem_records, where an earlier install
+-- made the table)
+ALTER TABLE idem_records_archive ADD COLUMN IF NOT EXISTS request_text_hash bytea;
+
 CREATE INDEX IF NOT EXISTS idem_records_archive_record
     ON idem_records_archive (id, claimed_at);
 CREATE INDEX IF NOT EXISTS idem_records_archive_archived_at
@@ -873,7 +886,8 @@ BEGIN
                         ('expires_at', 'pg_catalog.timestamptz'::pg_catalog.regtype::oid),
                         ('response_raw_body', 'pg_catalog.bytea'::pg_catalog.regtype::oid),
                         ('response_sealed', 'pg_catalog.bytea'::pg_catalog.regtype::oid),
-                        ('former_role', 'pg_catalog.text'::pg_catalog.regtype::oid))
+                        ('former_role', 'pg_catalog.text'::pg_catalog.regtype::oid),
+                        ('request_text_hash', 'pg_catalog.bytea'::pg_catalog.regtype::oid))
                 AS w (name, wants) ON w.name OPERATOR(pg_catalog.=) a.attname::text
      WHERE a.attrelid OPERATOR(pg_catalog.=) tbl AND a.attnum OPERATOR(pg_catalog.>) 0
        AND NOT a.attisdropped
@@ -1050,7 +1064,7 @@ BEGIN
                    WHEN 'response_headers' THEN 'pg_catalog.jsonb'::pg_catalog.regtype::oid
                    WHEN 'response_body' THEN 'pg_catalog.jsonb'::pg_catalog.regtype::oid
                    ELSE CASE WHEN a.attname::text OPERATOR(pg_catalog.=) ANY (
-                                      '{fingerprint,attempt_token,response_raw_body,response_sealed}'::text[])
+                                      '{fingerprint,attempt_token,response_raw_body,response_sealed,request_text_hash}'::text[])
                              THEN 'pg_catalog.bytea'::pg_catalog.regtype::oid
                              WHEN a.attname::text OPERATOR(pg_catalog.=) ANY (
                                       '{locked_until,created_at,claimed_at,updated_at,completed_at,expires_at}'::text[])
@@ -1061,7 +1075,7 @@ BEGIN
            AND (a.attcollation OPERATOR(pg_catalog.=) 950
                 OR a.attname::text OPERATOR(pg_catalog.<>) ALL ('{tenant,caller,operation,key}'::text[]))
            AND (a.attidentity OPERATOR(pg_catalog.<>) '' OR a.attname OPERATOR(pg_catalog.<>) 'id'))
-       OPERATOR(pg_catalog.<>) 26 THEN
+       OPERATOR(pg_catalog.<>) 27 THEN
         RETURN false;
     END IF;
     -- the scope's unique index, each of its five columns named once, text
@@ -2469,6 +2483,23 @@ RETURNS bytea
 LANGUAGE sql IMMUTABLE
 RETURN E'\\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
+-- What a record keeps in request_text_hash: SHA-256 of its fingerprint and
+-- of its request's text as jsonb prints it.  A retry sends the same
+-- request, whose text is then the same, and so is its fingerprint: the
+-- claim compares this hash and does not compute the canonical text again
+-- (a third of a replay's time).  Equal texts are equal jsonb values, which
+-- have the same canonical text; a request that is the same JSON written
+-- differently (a number as 1.0 and as 1.00) prints differently, and its
+-- fingerprint is computed.  The fingerprint is hashed with the text so
+-- that a hash left behind when the fingerprint changed (an expired record
+-- reused by the C extension, or by its owner's UPDATE) matches no request.
+-- STABLE as textsend is (the bytes of the database encoding), so that it
+-- is inlined.
+CREATE OR REPLACE FUNCTION idem__request_text_hash(fingerprint bytea, request jsonb)
+RETURNS bytea
+LANGUAGE sql STABLE
+RETURN pg_catalog.sha256(fingerprint OPERATOR(pg_catalog.||) pg_catalog.textsend(request::text));
+
 -- A response the C extension stored encrypted (response_sealed: a record
 -- moved from a server where idempotency.encryption_key was set) cannot be
 -- read here: its replay is refused, never answered without its body.
@@ -2575,7 +2606,8 @@ CREATE OR REPLACE FUNCTION idem__insert_new(p_role regrole, p_operation text, p_
                                             p_tenant text, p_caller text, p_fingerprint bytea,
                                             p_ttl interval, p_lease_us bigint,
                                             p_deadline timestamptz, p_policy idem_lease_policy,
-                                            p_inbox boolean, now_ts timestamptz)
+                                            p_inbox boolean, now_ts timestamptz,
+                                            p_request_text_hash bytea)
 RETURNS idem_decision
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2661,10 +2693,10 @@ BEGIN
                          true);
         END IF;
         INSERT INTO idem_records AS t
-               (role, tenant, caller, operation, key, fingerprint, state, attempt,
+               (role, tenant, caller, operation, key, fingerprint, request_text_hash, state, attempt,
                 attempt_token, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
                 updated_at, completed_at, expires_at)
-        VALUES (p_role, p_tenant, p_caller, p_operation, p_key, p_fingerprint,
+        VALUES (p_role, p_tenant, p_caller, p_operation, p_key, p_fingerprint, p_request_text_hash,
                 CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state, 1,
                 secret,
                 CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
@@ -2712,7 +2744,7 @@ CREATE OR REPLACE FUNCTION idem__claim_key(p_role regrole, p_operation text, p_k
                                 p_caller text, p_fingerprint bytea, p_ttl interval,
                                 p_lease_us bigint, p_wait_us bigint,
                                 p_policy idem_lease_policy, p_proceed_expired boolean,
-                                p_inbox boolean)
+                                p_inbox boolean, p_request_text_hash bytea DEFAULT NULL)
 RETURNS idem_decision
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2849,7 +2881,8 @@ BEGIN
 
         IF action = 'insert' THEN
             d := idem__insert_new(p_role, p_operation, p_key, p_tenant, p_caller, p_fingerprint,
-                                  p_ttl, p_lease_us, deadline, p_policy, p_inbox, now_ts);
+                                  p_ttl, p_lease_us, deadline, p_policy, p_inbox, now_ts,
+                                  p_request_text_hash);
             IF d.outcome IS NOT NULL THEN
                 RETURN d;
             END IF;
@@ -2897,18 +2930,20 @@ BEGIN
                                 attempt_token, recovery_point, locked_until, on_lease_expiry, ttl,
                                 response_status, response_headers, response_body, resource_id,
                                 created_at, claimed_at, updated_at, completed_at, expires_at,
-                                response_raw_body, response_sealed, former_role, archived_at)
+                                response_raw_body, response_sealed, former_role, request_text_hash,
+                                archived_at)
                         SELECT o.id, o.role, o.tenant, o.caller, o.operation, o.key, o.fingerprint,
                                o.state, o.attempt, o.attempt_token, o.recovery_point, o.locked_until,
                                o.on_lease_expiry, o.ttl, o.response_status, o.response_headers,
                                o.response_body, o.resource_id, o.created_at, o.claimed_at,
                                o.updated_at, o.completed_at, o.expires_at, o.response_raw_body,
-                               o.response_sealed, o.former_role, pg_catalog.clock_timestamp()
+                               o.response_sealed, o.former_role, o.request_text_hash,
+                               pg_catalog.clock_timestamp()
                           FROM target AS o
                          WHERE NOT EXISTS (SELECT FROM idem_records_archive AS x
                                             WHERE x.id = o.id AND x.claimed_at = o.claimed_at))
                     UPDATE idem_records AS t
-                       SET fingerprint = p_fingerprint,
+                       SET fingerprint = p_fingerprint, request_text_hash = p_request_text_hash,
                            state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
                            attempt = 1, attempt_token = secret, recovery_point = NULL,
                            locked_until = CASE WHEN NOT p_inbox THEN now_ts + p_lease_us * interval '1 microsecond' END,
@@ -2923,6 +2958,9 @@ BEGIN
                 ELSE
                     UPDATE idem_records AS t
                        SET fingerprint = p_fingerprint,
+                           -- (a takeover or a new attempt keeps the fingerprint)
+                           request_text_hash = coalesce(p_request_text_hash,
+                                                        CASE WHEN action <> 'reuse' THEN t.request_text_hash END),
                            state = CASE WHEN p_inbox THEN 'succeeded' ELSE 'processing' END::idem_state,
                            attempt = attempt_no, attempt_token = secret,
                            recovery_point = CASE WHEN action = 'reuse' THEN NULL ELSE t.recovery_point END,
@@ -3092,25 +3130,29 @@ RETURN idem__table_checked()
 -- client library makes: one statement reads the record; the answers that
 -- need no write and no wait (replay, mismatch, unknown, in_progress) are
 -- made from it; a new key goes straight to its insert; anything else to
--- idem__claim_key.  The statement reads the columns alone, and the answer
--- is made afterwards from the outcome held in a variable: PL/pgSQL
--- compiles a statement's expressions again in each transaction, and an
--- answer made in the statement, the inlined idem__answer repeating the
--- outcome's expression at each of its uses, cost a claim about as much
--- again as the rest of the statement.
+-- idem__claim_key.  The request's fingerprint is computed only when the
+-- record does not hold the hash of this request's text with its own
+-- fingerprint (idem__request_text_hash): a new key, a request written
+-- differently, a record made otherwise.  The statement reads the columns
+-- alone, and the answer is made afterwards from the outcome held in a
+-- variable: PL/pgSQL compiles a statement's expressions again in each
+-- transaction, and an answer made in the statement, the inlined
+-- idem__answer repeating the outcome's expression at each of its uses,
+-- cost a claim about as much again as the rest of the statement.
 CREATE OR REPLACE FUNCTION idem__claim_plain(p_role regrole, p_operation text, p_key text,
-                                             p_tenant text, p_fingerprint bytea)
+                                             p_tenant text, p_request jsonb)
 RETURNS idem_decision
 LANGUAGE plpgsql AS $$
 DECLARE
     now_ts timestamptz := pg_catalog.clock_timestamp();
     r record;
+    fingerprint bytea;
     outcome text;
     inserted idem_decision;
 BEGIN
     SELECT t.id, t.state, t.attempt, t.fingerprint, t.recovery_point, t.locked_until,
            t.response_status, t.response_headers, t.response_body, t.resource_id,
-           t.response_raw_body, t.response_sealed, t.expires_at
+           t.response_raw_body, t.response_sealed, t.expires_at, t.request_text_hash
       INTO r
       FROM idem_records AS t
      WHERE t.key = p_key AND t.operation = p_operation AND t.caller = ''
@@ -3118,17 +3160,23 @@ BEGIN
     -- FOUND first: a record variable that no row was ever read into has no
     -- fields to test
     IF NOT FOUND THEN
-        inserted := idem__insert_new(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
+        fingerprint := CASE WHEN p_request IS NULL THEN idem__no_request()
+                            ELSE idem__fingerprint(p_request) END;
+        inserted := idem__insert_new(p_role, p_operation, p_key, p_tenant, '', fingerprint,
                                      interval '86400 seconds', 30000000, now_ts, 'unknown',
-                                     false, now_ts);
+                                     false, now_ts, idem__request_text_hash(fingerprint, p_request));
         IF inserted.outcome IS NOT NULL THEN
             RETURN inserted;
         END IF;
     ELSE
+        fingerprint := CASE WHEN r.request_text_hash = idem__request_text_hash(r.fingerprint, p_request)
+                                 THEN r.fingerprint
+                            WHEN p_request IS NULL THEN idem__no_request()
+                            ELSE idem__fingerprint(p_request) END;
         -- NULL: an expired record to reuse, a retryable one, a lease that
         -- ended (idem__claim_key decides)
         outcome := CASE WHEN r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN NULL
-                        WHEN r.fingerprint <> p_fingerprint THEN 'mismatch'
+                        WHEN r.fingerprint <> fingerprint THEN 'mismatch'
                         WHEN r.state IN ('succeeded', 'failed') THEN 'replay'
                         WHEN r.state = 'unknown' THEN 'unknown'
                         WHEN r.state = 'processing' AND r.locked_until > now_ts THEN 'in_progress' END;
@@ -3144,8 +3192,9 @@ BEGIN
                                 r.locked_until, now_ts);
         END IF;
     END IF;
-    RETURN idem__claim_key(p_role, p_operation, p_key, p_tenant, '', p_fingerprint,
-                           interval '86400 seconds', 30000000, 0, 'unknown', false, false);
+    RETURN idem__claim_key(p_role, p_operation, p_key, p_tenant, '', fingerprint,
+                           interval '86400 seconds', 30000000, 0, 'unknown', false, false,
+                           idem__request_text_hash(fingerprint, p_request));
 END
 $$;
 
@@ -3166,6 +3215,7 @@ DECLARE
     wait_us bigint;
     policy idem_lease_policy;
     proceed_expired boolean;
+    fingerprint bytea;
     o record;
 BEGIN
     IF NOT idem__plain_role(p_role, 'idem_claim(text, text, jsonb, text, text, interval, interval, interval, text, text)') THEN
@@ -3181,15 +3231,12 @@ BEGIN
        OR on_lease_expiry IS DISTINCT FROM 'unknown' OR on_expired IS DISTINCT FROM 'reject'
        OR NOT idem__default_claim_settings() THEN
         o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
-        RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller,
-                               CASE WHEN request IS NULL THEN idem__no_request()
-                                    ELSE idem__fingerprint(request) END,
+        fingerprint := CASE WHEN request IS NULL THEN idem__no_request() ELSE idem__fingerprint(request) END;
+        RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller, fingerprint,
                                o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired,
-                               false);
+                               false, idem__request_text_hash(fingerprint, request));
     END IF;
-    RETURN idem__claim_plain(p_role, operation, key, tenant,
-                             CASE WHEN request IS NULL THEN idem__no_request()
-                                  ELSE idem__fingerprint(request) END);
+    RETURN idem__claim_plain(p_role, operation, key, tenant, request);
 END
 $$;
 
@@ -3200,8 +3247,8 @@ CREATE OR REPLACE FUNCTION idem__claim_text(p_role regrole, operation text, key 
 RETURNS idem_decision
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    fingerprint bytea := CASE WHEN request IS NULL THEN idem__no_request()
-                              ELSE idem__fingerprint(request::jsonb) END;
+    doc jsonb := request::jsonb;
+    fingerprint bytea;
     o record;
 BEGIN
     IF NOT idem__plain_role(p_role, 'idem_claim_text(text, text, text, text)') THEN
@@ -3212,10 +3259,12 @@ BEGIN
     END IF;
     IF NOT idem__default_claim_settings() THEN
         o := idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject');
+        fingerprint := CASE WHEN doc IS NULL THEN idem__no_request() ELSE idem__fingerprint(doc) END;
         RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
-                               o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false);
+                               o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false,
+                               idem__request_text_hash(fingerprint, doc));
     END IF;
-    RETURN idem__claim_plain(p_role, operation, key, tenant, fingerprint);
+    RETURN idem__claim_plain(p_role, operation, key, tenant, doc);
 END
 $$;
 
@@ -3299,7 +3348,8 @@ BEGIN
                              o.ttl_value, o.lease_us,
                              CASE WHEN first_pos ? keys[i] THEN 0
                                   ELSE GREATEST(0, (extract(epoch FROM deadline - pg_catalog.clock_timestamp()) * 1000000)::bigint) END,
-                             o.policy, o.proceed_expired, false);
+                             o.policy, o.proceed_expired, false,
+                             idem__request_text_hash(fingerprints[i], requests[i]));
         first_pos := first_pos || pg_catalog.jsonb_build_object(keys[i], i);
         key := keys[i];
         outcome := d.outcome; token := d.token; record_id := d.record_id; state := d.state;
@@ -3337,7 +3387,7 @@ BEGIN
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);
     d := idem__claim_key(p_role, consumer, message_id, '', '', fingerprint, ttl_value, 0,
                          idem__setting_integer('idempotency.claim_wait', 0, 0, 2147483647, 'ms')::bigint * 1000,
-                         'unknown', false, true);
+                         'unknown', false, true, idem__request_text_hash(fingerprint, message));
     IF d.outcome = 'expired' THEN
         -- a tombstone keeps the fingerprint: a different message is a mismatch
         SELECT r.fingerprint INTO stored FROM idem_records AS r WHERE r.id = d.record_id;
@@ -3497,10 +3547,10 @@ END;
 -- Only the definer functions run these, as the owner of idem_records.
 REVOKE ALL ON FUNCTION
     idem__claim_key(regrole, text, text, text, text, bytea, interval, bigint, bigint,
-                    idem_lease_policy, boolean, boolean),
-    idem__claim_plain(regrole, text, text, text, bytea),
+                    idem_lease_policy, boolean, boolean, bytea),
+    idem__claim_plain(regrole, text, text, text, jsonb),
     idem__insert_new(regrole, text, text, text, text, bytea, interval, bigint, timestamptz,
-                     idem_lease_policy, boolean, timestamptz)
+                     idem_lease_policy, boolean, timestamptz, bytea)
     FROM PUBLIC;
 
 -- src/50_attempt.sql
@@ -3940,7 +3990,8 @@ DECLARE
         ' attempt, attempt_token, recovery_point, locked_until,'
         ' on_lease_expiry, ttl, response_status, response_headers,'
         ' response_body, resource_id, created_at, claimed_at, updated_at,'
-        ' completed_at, expires_at, response_raw_body, response_sealed, former_role';
+        ' completed_at, expires_at, response_raw_body, response_sealed, former_role,'
+        ' request_text_hash';
     action text;
     selection text;
     one_ids text := '$3';
@@ -4556,7 +4607,9 @@ COMMENT ON FUNCTION idem_records_without_role() IS
 -- An earlier install of this version named the private helpers of the
 -- settings, the maintenance passes and idem_list idem_* as if they were
 -- part of the API, which they are not (the C extension has none of them):
--- this run made them under their idem__* names and drops the old ones.
+-- this run made them under their idem__* names and drops the old ones,
+-- with the claims' helpers of the arguments they had before the records
+-- kept request_text_hash.
 -- Nothing else may use them: a DROP that something still needs fails the
 -- install, which leaves everything as it was.
 --
@@ -4571,7 +4624,12 @@ DROP FUNCTION IF EXISTS
     idem_key_hash_prefix(text),
     idem_redact_key(text, text),
     idem_error_concerns_rows(text),
-    idem_positive_argument(integer, text, integer);
+    idem_positive_argument(integer, text, integer),
+    idem__claim_key(regrole, text, text, text, text, bytea, interval, bigint, bigint,
+                    idem_lease_policy, boolean, boolean),
+    idem__claim_plain(regrole, text, text, text, bytea),
+    idem__insert_new(regrole, text, text, text, text, bytea, interval, bigint, timestamptz,
+                     idem_lease_policy, boolean, timestamptz);
 
 -- src/90_grants.sql
 --
@@ -4621,6 +4679,7 @@ DECLARE
         'idem__setting_enum(text,text,text[])',
         'idem__setting_boolean(text,boolean)',
         'idem__no_request()',
+        'idem__request_text_hash(bytea,jsonb)',
         'idem__key_lock_id(regrole,text,text,text,text)',
         'idem__new_secret()',
         'idem__token_format(bigint,integer,bytea)',

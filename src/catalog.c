@@ -666,7 +666,7 @@ created_type(const IdemCatalog *fresh, const char *column)
 		{"created_at", TIMESTAMPTZOID}, {"claimed_at", TIMESTAMPTZOID},
 		{"updated_at", TIMESTAMPTZOID}, {"completed_at", TIMESTAMPTZOID},
 		{"expires_at", TIMESTAMPTZOID}, {"response_raw_body", BYTEAOID},
-		{"response_sealed", BYTEAOID}
+		{"response_sealed", BYTEAOID}, {"request_text_hash", BYTEAOID}
 	};
 	int			i;
 
@@ -700,7 +700,7 @@ records_as_created(const IdemCatalog *fresh)
 		"on_lease_expiry", "ttl", "response_status", "response_headers",
 		"response_body", "resource_id", "created_at", "claimed_at",
 		"updated_at", "completed_at", "expires_at", "response_raw_body",
-		"response_sealed", "former_role", NULL
+		"response_sealed", "former_role", "request_text_hash", NULL
 	};
 	/* and role until 1.2: from 1.3 a record may belong to no role */
 	static const char *const not_null[] = {

@@ -24,8 +24,8 @@
 	" on_lease_expiry, ttl, response_status, response_headers," \
 	" response_body, resource_id, created_at, claimed_at, updated_at," \
 	" completed_at, expires_at, response_raw_body, response_sealed"
-/* ... and from 1.3 on (IdemCatalog.role_is_oid), former_role */
-#define IDEM_ARCHIVE_COLUMNS_1_3 IDEM_ARCHIVE_COLUMNS ", former_role"
+/* ... and from 1.3 on (IdemCatalog.role_is_oid), former_role and request_text_hash */
+#define IDEM_ARCHIVE_COLUMNS_1_3 IDEM_ARCHIVE_COLUMNS ", former_role, request_text_hash"
 
 /* The columns of a record's scope and key, in the order IdemScope has them. */
 typedef enum IdemScopePart

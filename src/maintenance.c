@@ -321,7 +321,10 @@ idem_maintenance_prepare(Oid extoid)
 	archive = tombstones && idem_cleanup_action == IDEM_CLEANUP_ARCHIVE &&
 		OidIsValid(get_relname_relid(IDEM_ARCHIVE_TABLE, nspoid));
 	archive_missing = idem_cleanup_action == IDEM_CLEANUP_ARCHIVE && !archive;
-	/* 1.3 adds former_role to both: a copy takes it where both have it */
+	/*
+	 * 1.3 adds former_role and request_text_hash to both: a copy takes them
+	 * where both have the first
+	 */
 	former_role = archive &&
 		get_attnum(tableoid, "former_role") != InvalidAttrNumber &&
 		get_attnum(get_relname_relid(IDEM_ARCHIVE_TABLE, nspoid),

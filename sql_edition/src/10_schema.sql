@@ -73,6 +73,7 @@ CREATE TABLE IF NOT EXISTS idem_records (
     response_raw_body  bytea,
     response_sealed    bytea,
     former_role        text COLLATE "C",
+    request_text_hash  bytea,
     CONSTRAINT idem_records_fingerprint_length CHECK (octet_length(fingerprint) = 32),
     CONSTRAINT idem_records_attempt_positive CHECK (attempt >= 1),
     CONSTRAINT idem_records_status_range CHECK (response_status BETWEEN 100 AND 599)
@@ -102,6 +103,11 @@ BEGIN
 END
 $constraints$;
 
+-- A table an earlier install of this version made has no
+-- request_text_hash: added last, as the C extension's 1.3 adds it.  What
+-- it holds: idem__request_text_hash (45_claim.sql).
+ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS request_text_hash bytea;
+
 -- Key first: role, tenant, caller and operation are the same for most
 -- records, the key decides at once.
 CREATE UNIQUE INDEX IF NOT EXISTS idem_records_scope_key
@@ -129,6 +135,8 @@ COMMENT ON COLUMN idem_records.caller IS
     'Who called within the role: empty when the role called for itself.';
 COMMENT ON COLUMN idem_records.former_role IS
     'The name the role column held before 1.3, for a record whose name matched no role then; NULL otherwise.';
+COMMENT ON COLUMN idem_records.request_text_hash IS
+    'SQL edition: SHA-256 of fingerprint and of the text of the request it was computed from; NULL when not known. The C extension does not use it.';
 
 --
 -- Full copies made by cleanup with idempotency.cleanup_action = archive:
@@ -163,10 +171,15 @@ CREATE TABLE IF NOT EXISTS idem_records_archive (
     response_raw_body  bytea,
     response_sealed    bytea,
     archived_at        timestamptz NOT NULL,
-    former_role        text COLLATE "C"
+    former_role        text COLLATE "C",
+    request_text_hash  bytea
 );
 
 -- The copy looks up (id, claimed_at); pruning goes by archived_at.
+-- (request_text_hash added, as to idem_records, where an earlier install
+-- made the table)
+ALTER TABLE idem_records_archive ADD COLUMN IF NOT EXISTS request_text_hash bytea;
+
 CREATE INDEX IF NOT EXISTS idem_records_archive_record
     ON idem_records_archive (id, claimed_at);
 CREATE INDEX IF NOT EXISTS idem_records_archive_archived_at

@@ -170,7 +170,8 @@ BEGIN
                         ('expires_at', 'pg_catalog.timestamptz'::pg_catalog.regtype::oid),
                         ('response_raw_body', 'pg_catalog.bytea'::pg_catalog.regtype::oid),
                         ('response_sealed', 'pg_catalog.bytea'::pg_catalog.regtype::oid),
-                        ('former_role', 'pg_catalog.text'::pg_catalog.regtype::oid))
+                        ('former_role', 'pg_catalog.text'::pg_catalog.regtype::oid),
+                        ('request_text_hash', 'pg_catalog.bytea'::pg_catalog.regtype::oid))
                 AS w (name, wants) ON w.name OPERATOR(pg_catalog.=) a.attname::text
      WHERE a.attrelid OPERATOR(pg_catalog.=) tbl AND a.attnum OPERATOR(pg_catalog.>) 0
        AND NOT a.attisdropped
@@ -347,7 +348,7 @@ BEGIN
                    WHEN 'response_headers' THEN 'pg_catalog.jsonb'::pg_catalog.regtype::oid
                    WHEN 'response_body' THEN 'pg_catalog.jsonb'::pg_catalog.regtype::oid
                    ELSE CASE WHEN a.attname::text OPERATOR(pg_catalog.=) ANY (
-                                      '{fingerprint,attempt_token,response_raw_body,response_sealed}'::text[])
+                                      '{fingerprint,attempt_token,response_raw_body,response_sealed,request_text_hash}'::text[])
                              THEN 'pg_catalog.bytea'::pg_catalog.regtype::oid
                              WHEN a.attname::text OPERATOR(pg_catalog.=) ANY (
                                       '{locked_until,created_at,claimed_at,updated_at,completed_at,expires_at}'::text[])
@@ -358,7 +359,7 @@ BEGIN
            AND (a.attcollation OPERATOR(pg_catalog.=) 950
                 OR a.attname::text OPERATOR(pg_catalog.<>) ALL ('{tenant,caller,operation,key}'::text[]))
            AND (a.attidentity OPERATOR(pg_catalog.<>) '' OR a.attname OPERATOR(pg_catalog.<>) 'id'))
-       OPERATOR(pg_catalog.<>) 26 THEN
+       OPERATOR(pg_catalog.<>) 27 THEN
         RETURN false;
     END IF;
     -- the scope's unique index, each of its five columns named once, text

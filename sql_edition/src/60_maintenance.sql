@@ -91,7 +91,8 @@ DECLARE
         ' attempt, attempt_token, recovery_point, locked_until,'
         ' on_lease_expiry, ttl, response_status, response_headers,'
         ' response_body, resource_id, created_at, claimed_at, updated_at,'
-        ' completed_at, expires_at, response_raw_body, response_sealed, former_role';
+        ' completed_at, expires_at, response_raw_body, response_sealed, former_role,'
+        ' request_text_hash';
     action text;
     selection text;
     one_ids text := '$3';
@@ -707,7 +708,9 @@ COMMENT ON FUNCTION idem_records_without_role() IS
 -- An earlier install of this version named the private helpers of the
 -- settings, the maintenance passes and idem_list idem_* as if they were
 -- part of the API, which they are not (the C extension has none of them):
--- this run made them under their idem__* names and drops the old ones.
+-- this run made them under their idem__* names and drops the old ones,
+-- with the claims' helpers of the arguments they had before the records
+-- kept request_text_hash.
 -- Nothing else may use them: a DROP that something still needs fails the
 -- install, which leaves everything as it was.
 --
@@ -722,4 +725,9 @@ DROP FUNCTION IF EXISTS
     idem_key_hash_prefix(text),
     idem_redact_key(text, text),
     idem_error_concerns_rows(text),
-    idem_positive_argument(integer, text, integer);
+    idem_positive_argument(integer, text, integer),
+    idem__claim_key(regrole, text, text, text, text, bytea, interval, bigint, bigint,
+                    idem_lease_policy, boolean, boolean),
+    idem__claim_plain(regrole, text, text, text, bytea),
+    idem__insert_new(regrole, text, text, text, text, bytea, interval, bigint, timestamptz,
+                     idem_lease_policy, boolean, timestamptz);
