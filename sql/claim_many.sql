@@ -77,3 +77,20 @@ SELECT * FROM idem_claim_many(NULL, ARRAY['b-1']);
 SELECT * FROM idem_claim_many('bad', ARRAY['b-1'], ttl => '0');
 SELECT * FROM idem_claim_many('bad', ARRAY['b-1'], on_lease_expiry => 'never');
 SELECT count(*) = :records_before AS nothing_written FROM idem_records;
+
+-- Arrays numbered from another bound than 1 pair each key with its own
+-- request: a completed key claimed again with another request is a
+-- mismatch, and the new key's record has its own request's fingerprint.
+SELECT token AS t FROM idem_claim('bounds.pay', 'x', '{"amount": 100}') \gset
+SELECT idem_complete(:'t', 200, '{"paid": 100}');
+SELECT key, outcome, http_status, body
+  FROM idem_claim_many('bounds.pay', '[0:1]={y,x}'::text[],
+                       '[0:1]={"{\"amount\": 5}","{\"amount\": 999}"}'::jsonb[]);
+SELECT outcome FROM idem_claim('bounds.pay', 'y', '{"amount": 5}');
+SELECT outcome FROM idem_claim('bounds.pay', 'y', '{"amount": 999}');
+SELECT key, outcome
+  FROM idem_claim_many('bounds.pay', '[5:6]={x,z}'::text[],
+                       '[-3:-2]={"{\"amount\": 100}","{\"amount\": 7}"}'::jsonb[]);
+SELECT fingerprint = idem_fingerprint('{"amount": 7}') AS own_fingerprint
+  FROM idem_records WHERE operation = 'bounds.pay' AND key = 'z';
+DELETE FROM idem_records WHERE operation = 'bounds.pay';

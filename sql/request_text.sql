@@ -22,12 +22,19 @@ SELECT format_type(atttypid, atttypmod) AS type, attnotnull
   FROM pg_attribute
  WHERE attrelid = 'idem_records'::regclass AND attname = 'request_text_hash';
 
+-- The hash of a fingerprint and a request's text, in this database's
+-- encoding.
+CREATE FUNCTION pg_temp.text_hash(fingerprint bytea, request jsonb) RETURNS bytea
+LANGUAGE sql AS $$
+SELECT sha256(fingerprint || int4send(pg_char_to_encoding(getdatabaseencoding()))
+              || textsend(request::text))
+$$;
 -- What the column may hold for a record: nothing, or the hash of its
 -- fingerprint with the text of the request it was claimed with.
 CREATE FUNCTION pg_temp.hash_state(p_operation text, p_key text, request jsonb) RETURNS text
 LANGUAGE sql AS $$
 SELECT CASE WHEN r.request_text_hash IS NULL THEN 'none'
-            WHEN r.request_text_hash = sha256(r.fingerprint || textsend(request::text)) THEN 'this request'
+            WHEN r.request_text_hash = pg_temp.text_hash(r.fingerprint, request) THEN 'this request'
             ELSE 'another' END
   FROM idem_records AS r WHERE r.operation = p_operation AND r.key = p_key
 $$;
@@ -56,15 +63,15 @@ SELECT outcome, http_status FROM idem_claim('text.retry', 'k1');
 -- change of the fingerprint would leave it) matches no request: the
 -- claim computes the fingerprint.
 UPDATE idem_records
-   SET request_text_hash = sha256(idem_fingerprint('{"other": true}')
-                                  || textsend('{"b": 1, "a": [1.0, "x", {"z": null, "y": true}]}'::jsonb::text))
+   SET request_text_hash = pg_temp.text_hash(idem_fingerprint('{"other": true}'),
+                                             '{"b": 1, "a": [1.0, "x", {"z": null, "y": true}]}')
  WHERE operation = 'text.retry' AND key = 'k1';
 SELECT outcome, http_status FROM idem_claim('text.retry', 'k1', '{"b": 1, "a": [1.0, "x", {"z": null, "y": true}]}');
 SELECT outcome, http_status FROM idem_claim('text.retry', 'k1', '{"other": true}');
 -- and the owner's hash of another request with the record's fingerprint:
 -- that request is not the record's all the same
 UPDATE idem_records
-   SET request_text_hash = sha256(fingerprint || textsend('{"other": true}'::jsonb::text))
+   SET request_text_hash = pg_temp.text_hash(fingerprint, '{"other": true}')
  WHERE operation = 'text.retry' AND key = 'k1';
 SELECT outcome, http_status FROM idem_claim('text.retry', 'k1', '{"b": 1, "a": [1.0, "x", {"z": null, "y": true}]}');
 
@@ -83,6 +90,15 @@ SELECT pg_temp.hash_state('text.reuse', 'k1', '{"n": 2}') IN ('none', 'this requ
 SELECT outcome, http_status FROM idem_claim('text.reuse', 'k1', '{"n": 1}');
 SELECT outcome, http_status FROM idem_claim('text.reuse', 'k1', '{"n": 2}');
 
+-- A request of more than 6000 bytes keeps no hash: its text can be far
+-- longer than it (a number written 1e131071 prints 131,072 digits).
+SELECT jsonb_build_object('pad', repeat('p', 6000), 'n', '1e5000'::jsonb) AS big \gset
+SELECT token AS t FROM idem_claim('text.big', 'k1', :'big') \gset
+SELECT idem_complete(:'t', 200, '{"big": true}');
+SELECT pg_temp.hash_state('text.big', 'k1', :'big') AS hash;
+SELECT outcome, http_status, body FROM idem_claim('text.big', 'k1', :'big');
+SELECT outcome, http_status FROM idem_claim('text.big', 'k1', jsonb_set(:'big', '{n}', '1e5001'));
+
 -- A claim without a request keeps no hash, and replays to no request.
 SELECT token AS t FROM idem_claim('text.none', 'k1') \gset
 SELECT idem_complete(:'t', 204, NULL);
@@ -98,4 +114,4 @@ SELECT has_column_privilege('regress_request_text_app', 'idem_records', 'request
        AS may_read;
 DROP ROLE regress_request_text_app;
 
-DELETE FROM idem_records WHERE operation IN ('text.retry', 'text.reuse', 'text.none');
+DELETE FROM idem_records WHERE operation IN ('text.retry', 'text.reuse', 'text.big', 'text.none');

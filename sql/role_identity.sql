@@ -38,7 +38,7 @@ SELECT outcome, body FROM idem_claim('rid.pay', 'k-running', '{"amount": 6}');
 SELECT key, caller, state FROM idem_list('succeeded', 'rid.pay') ORDER BY key;
 RESET ROLE;
 SELECT key, role, caller FROM idem_records
- WHERE operation = 'rid.pay' AND role = 'regress_rid_app_v2'::regrole ORDER BY key;
+ WHERE operation = 'rid.pay' AND role = 'regress_rid_app_v2'::regrole ORDER BY key, caller;
 
 -- 2. A dropped role's records reach nobody, a new role of its name
 -- included; they are listed to the owner.

@@ -2492,22 +2492,31 @@ RETURNS bytea
 LANGUAGE sql IMMUTABLE
 RETURN E'\\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
--- What a record keeps in request_text_hash: SHA-256 of its fingerprint and
--- of its request's text as jsonb prints it.  A retry sends the same
--- request, whose text is then the same, and so is its fingerprint: the
--- claim compares this hash and does not compute the canonical text again
--- (a third of a replay's time).  Equal texts are equal jsonb values, which
--- have the same canonical text; a request that is the same JSON written
--- differently (a number as 1.0 and as 1.00) prints differently, and its
--- fingerprint is computed.  The fingerprint is hashed with the text so
--- that a hash left behind when the fingerprint changed (an expired record
--- reused by the C extension, or by its owner's UPDATE) matches no request.
--- STABLE as textsend is (the bytes of the database encoding), so that it
--- is inlined.
+-- What a record keeps in request_text_hash: SHA-256 of its fingerprint,
+-- of the database encoding's number and of its request's text as jsonb
+-- prints it.  A retry sends the same request, whose text is then the
+-- same, and so is its fingerprint: the claim compares this hash and does
+-- not compute the canonical text again (a third of a replay's time).
+-- Equal texts are equal jsonb values, which have the same canonical text
+-- in one encoding; a request that is the same JSON written differently (a
+-- number as 1.0 and as 1.00) prints differently, and its fingerprint is
+-- computed.  The fingerprint is hashed with the text so that a hash left
+-- behind when the fingerprint changed (an expired record reused by the C
+-- extension, or by its owner's UPDATE) matches no request; the encoding,
+-- because it orders the members of the canonical text (a record moved to
+-- a database of another encoding matches no request there).  NULL for a
+-- request of more than 6000 bytes, whose text may be far longer than its
+-- jsonb (a number written 1e131071 prints 131,072 digits, its canonical
+-- form 9 characters): its fingerprint is computed at each claim, as
+-- idem__plain_pretty prints only requests up to that size too.  STABLE as
+-- textsend is, so that it is inlined.
 CREATE OR REPLACE FUNCTION idem__request_text_hash(fingerprint bytea, request jsonb)
 RETURNS bytea
 LANGUAGE sql STABLE
-RETURN pg_catalog.sha256(fingerprint OPERATOR(pg_catalog.||) pg_catalog.textsend(request::text));
+RETURN CASE WHEN pg_catalog.pg_column_size(request) OPERATOR(pg_catalog.<=) 6000
+            THEN pg_catalog.sha256(fingerprint
+                                   OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.pg_char_to_encoding(pg_catalog.getdatabaseencoding()))
+                                   OPERATOR(pg_catalog.||) pg_catalog.textsend(request::text)) END;
 
 -- A response the C extension stored encrypted (response_sealed: a record
 -- moved from a server where idempotency.encryption_key was set) cannot be
@@ -3338,10 +3347,12 @@ BEGIN
                       DETAIL = pg_catalog.format('keys has %s elements, requests has %s.',
                                                  n, coalesce(pg_catalog.cardinality(requests), 0));
         END IF;
-        -- the arrays are read by position from 1
-        requests := pg_catalog.array_cat('{}'::jsonb[], requests);
+        -- the arrays are read by position from 1: a slice is numbered
+        -- from 1 whatever the array's lower bound (array_cat with an
+        -- empty array returns the array as it is)
+        requests := requests[:];
     END IF;
-    keys := pg_catalog.array_cat('{}'::text[], keys);
+    keys := keys[:];
     o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
 
     fingerprints := pg_catalog.array_fill(NULL::bytea, ARRAY[GREATEST(n, 1)]);
