@@ -22,16 +22,21 @@ SELECT 'q-' || g, true,
        || '"postal_code": "12345", "country": "US"}}'
   FROM generate_series(1, :keys) g;
 
--- Records are born processing (the trigger insists), then finished.  With
--- request_text_hash as the SQL edition's claim keeps it (the C edition
--- does not read it).
+-- Records are born processing (the trigger insists), then finished.
 INSERT INTO idem_records (tenant, caller, operation, key, fingerprint, state,
        attempt, locked_until, on_lease_expiry, ttl, created_at, claimed_at,
-       updated_at, expires_at, request_text_hash)
-SELECT '', '', 'payments.create', k, f, 'processing', 1, now() + interval '1 day',
-       'unknown', interval '1 day', now(), now(), now(), now() + interval '1 day',
-       sha256(f || textsend(req::jsonb::text))
-  FROM (SELECT k, req, idem_fingerprint(req::jsonb) AS f FROM seed) s;
+       updated_at, expires_at)
+SELECT '', '', 'payments.create', k, idem_fingerprint(req::jsonb),
+       'processing', 1, now() + interval '1 day', 'unknown', interval '1 day',
+       now(), now(), now(), now() + interval '1 day'
+  FROM seed;
+-- The SQL edition's claim keeps request_text_hash, which its replays
+-- compare (the C edition does not read it).
+SELECT to_regprocedure('idem__request_text_hash(bytea, jsonb)') IS NOT NULL AS sql_edition \gset
+\if :sql_edition
+UPDATE idem_records AS r SET request_text_hash = idem__request_text_hash(r.fingerprint, s.req::jsonb)
+  FROM seed AS s WHERE s.k = r.key;
+\endif
 UPDATE idem_records SET state = 'succeeded', response_status = 201,
        response_body = :'resp', response_headers = '{"Location": "/payments/PAY-1"}',
        locked_until = NULL, completed_at = now()
