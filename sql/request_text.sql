@@ -98,6 +98,19 @@ SELECT idem_complete(:'t', 200, '{"big": true}');
 SELECT pg_temp.hash_state('text.big', 'k1', :'big') AS hash;
 SELECT outcome, http_status, body FROM idem_claim('text.big', 'k1', :'big');
 SELECT outcome, http_status FROM idem_claim('text.big', 'k1', jsonb_set(:'big', '{n}', '1e5001'));
+-- nor one read compressed from a table, whose size is its compressed size
+-- (a claim with an option takes it as it is stored)
+CREATE TEMP TABLE stored_requests (request jsonb);
+ALTER TABLE stored_requests ALTER COLUMN request SET COMPRESSION pglz;
+INSERT INTO stored_requests
+  SELECT jsonb_build_object('pad', repeat('p', 20000), 'n', '1e5000'::jsonb);
+SELECT pg_column_compression(request) IS NOT NULL AS compressed,
+       pg_column_size(request) <= 6000 AS small_when_compressed
+  FROM stored_requests;
+SELECT (idem_claim('text.big', 'k2', request, ttl => '1 day')).token AS t FROM stored_requests \gset
+SELECT idem_complete(:'t', 200, '{"big": 2}');
+SELECT pg_temp.hash_state('text.big', 'k2', request) AS hash FROM stored_requests;
+SELECT (idem_claim('text.big', 'k2', request)).outcome FROM stored_requests;
 
 -- A claim without a request keeps no hash, and replays to no request.
 SELECT token AS t FROM idem_claim('text.none', 'k1') \gset

@@ -2496,15 +2496,16 @@ RETURN E'\\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::b
 -- extension, or by its owner's UPDATE) matches no request; the encoding,
 -- because it orders the members of the canonical text (a record moved to
 -- a database of another encoding matches no request there).  NULL for a
--- request of more than 6000 bytes, whose text may be far longer than its
--- jsonb (a number written 1e131071 prints 131,072 digits, its canonical
--- form 9 characters): its fingerprint is computed at each claim, as
--- idem__plain_pretty prints only requests up to that size too.  STABLE as
--- textsend is, so that it is inlined.
+-- request of more than 6000 bytes, or stored compressed (read from a
+-- table: its size is then the compressed size), whose text may be far
+-- longer than its jsonb (a number written 1e131071 prints 131,072 digits,
+-- its canonical form 9 characters): its fingerprint is computed at each
+-- claim.  STABLE as textsend is, so that it is inlined.
 CREATE OR REPLACE FUNCTION idem__request_text_hash(fingerprint bytea, request jsonb)
 RETURNS bytea
 LANGUAGE sql STABLE
 RETURN CASE WHEN pg_catalog.pg_column_size(request) OPERATOR(pg_catalog.<=) 6000
+                 AND pg_catalog.pg_column_compression(request) IS NULL
             THEN pg_catalog.sha256(fingerprint
                                    OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.pg_char_to_encoding(pg_catalog.getdatabaseencoding()))
                                    OPERATOR(pg_catalog.||) pg_catalog.textsend(request::text)) END;
