@@ -80,6 +80,13 @@ RETURNS bytea
 LANGUAGE sql IMMUTABLE
 RETURN E'\\xe3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'::bytea;
 
+-- The fingerprint of a claim's request, or of none: inlined into the
+-- claims' expressions.
+CREATE OR REPLACE FUNCTION idem__request_fingerprint(request jsonb)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE
+RETURN CASE WHEN request IS NULL THEN idem__no_request() ELSE idem__fingerprint(request) END;
+
 -- What a record keeps in request_text_hash: SHA-256 of its fingerprint,
 -- of the database encoding's number and of its request's text as jsonb
 -- prints it.  A retry sends the same request, whose text is then the
@@ -767,8 +774,7 @@ BEGIN
     -- FOUND first: a record variable that no row was ever read into has no
     -- fields to test
     IF NOT FOUND THEN
-        fingerprint := CASE WHEN p_request IS NULL THEN idem__no_request()
-                            ELSE idem__fingerprint(p_request) END;
+        fingerprint := idem__request_fingerprint(p_request);
         inserted := idem__insert_new(p_role, p_operation, p_key, p_tenant, '', fingerprint,
                                      interval '86400 seconds', 30000000, now_ts, 'unknown',
                                      false, now_ts, idem__request_text_hash(fingerprint, p_request));
@@ -778,8 +784,7 @@ BEGIN
     ELSE
         fingerprint := CASE WHEN r.request_text_hash = idem__request_text_hash(r.fingerprint, p_request)
                                  THEN r.fingerprint
-                            WHEN p_request IS NULL THEN idem__no_request()
-                            ELSE idem__fingerprint(p_request) END;
+                            ELSE idem__request_fingerprint(p_request) END;
         -- NULL: an expired record to reuse, a retryable one, a lease that
         -- ended (idem__claim_key decides)
         outcome := CASE WHEN r.state IN ('succeeded', 'failed', 'retryable') AND r.expires_at <= now_ts THEN NULL
@@ -838,7 +843,7 @@ BEGIN
        OR on_lease_expiry IS DISTINCT FROM 'unknown' OR on_expired IS DISTINCT FROM 'reject'
        OR NOT idem__default_claim_settings() THEN
         o := idem__claim_options(ttl, lease, wait, on_lease_expiry, on_expired);
-        fingerprint := CASE WHEN request IS NULL THEN idem__no_request() ELSE idem__fingerprint(request) END;
+        fingerprint := idem__request_fingerprint(request);
         RETURN idem__claim_key(p_role, operation, key, tenant, scope_caller, fingerprint,
                                o.ttl_value, o.lease_us, o.wait_us, o.policy, o.proceed_expired,
                                false, idem__request_text_hash(fingerprint, request));
@@ -866,7 +871,7 @@ BEGIN
     END IF;
     IF NOT idem__default_claim_settings() THEN
         o := idem__claim_options(NULL, NULL, NULL, 'unknown', 'reject');
-        fingerprint := CASE WHEN doc IS NULL THEN idem__no_request() ELSE idem__fingerprint(doc) END;
+        fingerprint := idem__request_fingerprint(doc);
         RETURN idem__claim_key(p_role, operation, key, tenant, '', fingerprint,
                                o.ttl_value, o.lease_us, o.wait_us, 'unknown', false, false,
                                idem__request_text_hash(fingerprint, doc));
@@ -947,8 +952,7 @@ BEGIN
     fingerprints := pg_catalog.array_fill(NULL::bytea, ARRAY[GREATEST(n, 1)]);
     FOR i IN 1 .. n LOOP
         PERFORM idem__check_key(keys[i]);
-        fingerprints[i] := CASE WHEN requests IS NULL THEN idem__no_request()
-                                ELSE idem__fingerprint(requests[i]) END;
+        fingerprints[i] := idem__request_fingerprint(requests[i]);
     END LOOP;
 
     deadline := pg_catalog.clock_timestamp() + o.wait_us * interval '1 microsecond';
@@ -990,7 +994,7 @@ BEGIN
     END IF;
     PERFORM idem__check_name(consumer, 'consumer', false);
     PERFORM idem__check_key(message_id);
-    fingerprint := CASE WHEN message IS NULL THEN idem__no_request() ELSE idem__fingerprint(message) END;
+    fingerprint := idem__request_fingerprint(message);
     ttl_value := coalesce(ttl, idem__setting_integer('idempotency.default_ttl', 86400, 1, 2147483647, 's')
                                * interval '1 second');
     PERFORM idem__interval_usecs(ttl_value, 'ttl', false);

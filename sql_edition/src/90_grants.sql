@@ -45,6 +45,7 @@ DECLARE
         'idem__setting_enum(text,text,text[])',
         'idem__setting_boolean(text,boolean)',
         'idem__no_request()',
+        'idem__request_fingerprint(jsonb)',
         'idem__request_text_hash(bytea,jsonb)',
         'idem__key_lock_id(regrole,text,text,text,text)',
         'idem__new_secret()',
